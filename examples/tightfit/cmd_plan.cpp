@@ -1,0 +1,13 @@
+// tightfit plan: not implemented yet (placeholder until its issue lands).
+#include <cstdio>
+
+#include "commands.hpp"
+
+namespace tightfit::cli {
+
+int plan(int /*argc*/, char** /*argv*/) {
+  std::fprintf(stderr, "tightfit plan: not implemented yet\n");
+  return 2;
+}
+
+}  // namespace tightfit::cli

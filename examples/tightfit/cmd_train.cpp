@@ -1,0 +1,13 @@
+// tightfit train: not implemented yet (placeholder until its issue lands).
+#include <cstdio>
+
+#include "commands.hpp"
+
+namespace tightfit::cli {
+
+int train(int /*argc*/, char** /*argv*/) {
+  std::fprintf(stderr, "tightfit train: not implemented yet\n");
+  return 2;
+}
+
+}  // namespace tightfit::cli

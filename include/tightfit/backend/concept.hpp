@@ -1,0 +1,126 @@
+// tightfit/backend/concept.hpp: the Backend concept, the seam between algorithms and kernels.
+//
+// A backend is a stateful object passed by reference: it owns storage (allocations counted by
+// its memory_counter), kernel statistics, thread pools or device handles. Its value_type is the
+// floating type of every tensor it computes on. The kernel set is small and explicit; every
+// kernel checks the shapes of its arguments and throws tightfit::error naming them.
+//
+// Conventions shared by all kernels (see docs/concepts.md for the full contract):
+//  - Matrices are row-major matrix_view<T> with a row stride; vectors are std::span<T>.
+//  - Backward kernels ACCUMULATE (+=) into every gradient output (llm.c style): the caller
+//    zeroes a gradient buffer once and several contributions add up. An empty span or view
+//    for a parameter gradient (dw, dweight) means "not needed": that work is skipped.
+//  - In-place kernels (rope_forward/backward, xent_backward) say so.
+//  - Attention works on one sequence: rows of Q are absolute positions [q0, q0 + Q.rows),
+//    rows of K/V are positions [0, K.rows). Query at position p attends keys j with
+//    j <= p, j < K.rows and j < valid_len (right padding). GQA: query head h reads kv head
+//    h / (heads / kv_heads). lse is (Q.rows, heads): log sum_j exp(scale * q.k_j).
+//  - Cross-entropy rows with label == ignore_index give logprob 0 and a zero gradient row.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <span>
+
+#include "tightfit/core/memory.hpp"
+#include "tightfit/core/types.hpp"
+#include "tightfit/core/view.hpp"
+
+namespace tightfit {
+
+/// Counts of work done by a backend (tests use them to prove work was skipped; benches to
+/// compute GFLOP/s). Plain counters: a backend updates them from the calling thread.
+struct kernel_stats {
+  std::int64_t gemm_calls = 0;
+  double gemm_flops = 0;  ///< 2*m*n*k summed over gemm calls (batched: times batch)
+  std::int64_t attention_forward_calls = 0;
+  std::int64_t attention_backward_calls = 0;
+  double attention_flops = 0;  ///< matmul flops of computed (unmasked) score tiles
+  void reset() { *this = kernel_stats{}; }
+};
+
+/// Shape of a (grouped-query) attention call. heads % kv_heads == 0.
+struct attention_shape {
+  index_t heads = 1;
+  index_t kv_heads = 1;
+  index_t head_dim = 1;
+};
+
+/// Hyper-parameters of one Adam / AdamW step. `step` is 1 for the first update.
+template <class T>
+struct adam_hyper {
+  T lr = T(1e-3);
+  T beta1 = T(0.9);
+  T beta2 = T(0.999);
+  T eps = T(1e-8);
+  T weight_decay = T(0);
+  bool decoupled = true;  ///< true: AdamW (p -= lr*wd*p); false: L2 added to the gradient
+  std::int64_t step = 1;
+};
+
+/// Hyper-parameters of one SGD step (optional momentum, weight decay, sign of the gradient).
+template <class T>
+struct sgd_hyper {
+  T lr = T(1e-2);
+  T momentum = T(0);
+  T weight_decay = T(0);
+  bool use_sign = false;  ///< update with sign(g) (signSGD) instead of g
+};
+
+// clang-format off
+/// A tensor backend: storage with counted memory plus the kernel set tightfit's algorithms use.
+template <class B>
+concept Backend = requires(B& be, const B& cbe, index_t n,
+                           typename B::value_type a,
+                           matrix_view<typename B::value_type> m,
+                           matrix_view<const typename B::value_type> cm,
+                           tensor3_view<typename B::value_type> t3,
+                           tensor3_view<const typename B::value_type> ct3,
+                           std::span<typename B::value_type> s,
+                           std::span<const typename B::value_type> cs,
+                           std::span<const token_id> ids,
+                           attention_shape shape,
+                           double theta,
+                           const adam_hyper<typename B::value_type>& ah,
+                           const sgd_hyper<typename B::value_type>& sh) {
+  typename B::value_type;
+  requires std::floating_point<typename B::value_type>;
+  // storage and accounting
+  { be.memory() } -> std::same_as<memory_counter&>;
+  { be.stats() } -> std::same_as<kernel_stats&>;
+  { be.template allocate<typename B::value_type>(n).data() } -> std::same_as<typename B::value_type*>;
+  { be.template allocate<typename B::value_type>(n).size() } -> std::same_as<index_t>;
+  be.upload(cs, s);    // host -> backend memory
+  be.download(cs, s);  // backend memory -> host
+  // dense linear algebra: C = alpha op(A) op(B) + beta C
+  be.gemm(transpose::no, transpose::no, a, cm, cm, a, m);
+  be.gemm_batched(transpose::no, transpose::no, a, ct3, ct3, a, t3);
+  be.axpy(a, cm, m);   // y += alpha x
+  be.scale(a, m);      // x *= alpha
+  be.fill(m, a);       // x = value
+  be.copy(cm, m);      // y = x
+  // token embedding: out rows = table rows ids; backward accumulates rows into dtable
+  be.embedding_forward(cm, ids, m);
+  be.embedding_backward(cm, ids, m);
+  // RMSNorm over rows: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps)
+  be.rmsnorm_forward(cm, cs, a, m, s);
+  be.rmsnorm_backward(cm, cs, cs, cm, m, s);  // x, w, rstd, dy, dx +=, dw += (empty: skip)
+  // RoPE (HF rotate-half) in place on (rows, heads * head_dim); row i is position pos0 + i
+  be.rope_forward(m, n, n, n, theta);
+  be.rope_backward(m, n, n, n, theta);
+  // SwiGLU: out = silu(gate) * up
+  be.swiglu_forward(cm, cm, m);
+  be.swiglu_backward(cm, cm, cm, m, m);  // gate, up, dout, dgate +=, dup +=
+  // causal flash attention of Q rows [q0, q0+rows) against keys [0, K.rows)
+  be.attention_forward(shape, cm, cm, cm, n, n, a, m, m);  // Q K V q0 valid_len scale -> O lse
+  be.attention_backward(shape, cm, cm, cm, cm, cm, cm, n, n, a, m, m, m);  // Q K V O dO lse q0 valid scale dQ+= dK+= dV+=
+  // softmax cross-entropy over a logits chunk (rows, vocab) at temperature tau
+  be.xent_forward(cm, ids, a, s, s);        // logits labels tau -> lse, label logprob
+  be.xent_backward(m, ids, cs, cs, a);      // logits -> dlogits in place; lse, coeff, tau
+  // optimizer updates over flat spans
+  be.adam_update(s, cs, s, s, ah);          // param, grad, m, v
+  be.sgd_update(s, cs, s, sh);              // param, grad, momentum buffer (empty if none)
+};
+// clang-format on
+
+}  // namespace tightfit
