@@ -32,7 +32,7 @@ concept ParameterSet = requires(P& p, const P& cp, std::size_t i, const std::str
   { cp.shape(i) } -> std::convertible_to<std::span<const index_t>>;
   { p.value(i) } -> std::same_as<std::span<typename P::value_type>>;
   { p.grad(i) } -> std::same_as<std::span<typename P::value_type>>;  // empty: no gradient
-  { cp.find(name) } -> std::same_as<std::ptrdiff_t>;                   // -1 when absent
+  { cp.find(name) } -> std::same_as<std::ptrdiff_t>;                 // -1 when absent
 };
 
 /// The parameter set of a model on backend B.
@@ -52,8 +52,8 @@ class parameter_set {
       count *= e;
     }
     index_.emplace(name, entries_.size());
-    entries_.push_back(entry{std::move(name), std::move(shape),
-                             backend_->template allocate<value_type>(count), {}});
+    entries_.push_back(entry{
+        std::move(name), std::move(shape), backend_->template allocate<value_type>(count), {}});
     return entries_.size() - 1;
   }
 
