@@ -1,0 +1,497 @@
+// tightfit/nn/decoder_layer.hpp: the Llama / Qwen decoder layer, forward and sequence-chunked
+// backward (StreamBP, Luo et al., NeurIPS 2025, arXiv 2506.03077; ALGORITHMS.md section 1).
+//
+//   h  = RMSNorm(X; g1)
+//   Q  = h Wq^T (H*hd), K = h Wk^T, V = h Wv^T (Hkv*hd); optional per-head RMSNorm of Q and K
+//   Q, K = RoPE(Q, K)            O = causal GQA attention(Q, K, V)
+//   X2 = X + O Wo^T              h2 = RMSNorm(X2; g2)
+//   Y  = X2 + (silu(h2 Wg^T) * (h2 Wu^T)) Wd^T
+//
+// Invariants of the backward: K and V of all positions are computed once per layer
+// (begin_backward) and never replicated per query head; chunks run last to first, so when chunk
+// [c0, c1) is done the dK/dV rows of [c0, c1) are complete and their projections are
+// backpropagated then; parameter gradients accumulate with beta = 1 GEMMs. Only the masked-free
+// (c x c1) part of attention is computed per chunk (the kernel skips masked tiles).
+#pragma once
+
+#include <cmath>
+#include <optional>
+#include <string>
+
+#include "tightfit/backend/concept.hpp"
+#include "tightfit/nn/config.hpp"
+#include "tightfit/nn/layer.hpp"
+#include "tightfit/nn/parameters.hpp"
+
+namespace tightfit {
+
+/// Positions of one decoder layer's parameters in a parameter_set.
+struct decoder_layer_params {
+  std::size_t input_norm, q_proj, k_proj, v_proj, o_proj, post_norm, gate_proj, up_proj, down_proj;
+  std::size_t q_norm = 0, k_norm = 0;  ///< only with config.qk_norm
+
+  /// The Hugging Face name prefix of layer l: "model.layers.<l>.".
+  static std::string prefix(index_t l) { return "model.layers." + std::to_string(l) + "."; }
+};
+
+namespace detail {
+
+/// Copies rows [c0, c1) of every sequence of src (B*T, w) into dst (B*c, w), c = c1 - c0.
+template <Backend B>
+void gather_rows(B& be, const sequence_batch& seq, index_t c0, index_t c1,
+                 matrix_view<const typename B::value_type> src,
+                 matrix_view<typename B::value_type> dst) {
+  const index_t c = c1 - c0, t = seq.seq_len;
+  for (index_t b = 0; b < seq.batch; ++b)
+    be.copy(src.row_range(b * t + c0, b * t + c1), dst.row_range(b * c, (b + 1) * c));
+}
+
+/// The inverse of gather_rows: src (B*c, w) into rows [c0, c1) of every sequence of dst.
+template <Backend B>
+void scatter_rows(B& be, const sequence_batch& seq, index_t c0, index_t c1,
+                  matrix_view<const typename B::value_type> src,
+                  matrix_view<typename B::value_type> dst) {
+  const index_t c = c1 - c0, t = seq.seq_len;
+  for (index_t b = 0; b < seq.batch; ++b)
+    be.copy(src.row_range(b * c, (b + 1) * c), dst.row_range(b * t + c0, b * t + c1));
+}
+
+}  // namespace detail
+
+/// One decoder layer over parameters held in a parameter_set. Satisfies Layer.
+template <Backend B>
+class decoder_layer {
+ public:
+  using T = typename B::value_type;
+  using buffer = buffer_t<B>;
+
+  decoder_layer(parameter_set<B>& params, const model_config& config, index_t layer_index)
+      : params_(&params), cfg_(config), index_(layer_index) {
+    const std::string p = decoder_layer_params::prefix(layer_index);
+    ids_.input_norm = params.at(p + "input_layernorm.weight");
+    ids_.q_proj = params.at(p + "self_attn.q_proj.weight");
+    ids_.k_proj = params.at(p + "self_attn.k_proj.weight");
+    ids_.v_proj = params.at(p + "self_attn.v_proj.weight");
+    ids_.o_proj = params.at(p + "self_attn.o_proj.weight");
+    ids_.post_norm = params.at(p + "post_attention_layernorm.weight");
+    ids_.gate_proj = params.at(p + "mlp.gate_proj.weight");
+    ids_.up_proj = params.at(p + "mlp.up_proj.weight");
+    ids_.down_proj = params.at(p + "mlp.down_proj.weight");
+    if (cfg_.qk_norm) {
+      ids_.q_norm = params.at(p + "self_attn.q_norm.weight");
+      ids_.k_norm = params.at(p + "self_attn.k_norm.weight");
+    }
+  }
+
+  /// Adds the parameters of layer l (zero values) to `params` under their Hugging Face names.
+  static void declare(parameter_set<B>& params, const model_config& c, index_t l) {
+    const std::string p = decoder_layer_params::prefix(l);
+    params.add(p + "input_layernorm.weight", {c.hidden_size});
+    params.add(p + "self_attn.q_proj.weight", {c.q_width(), c.hidden_size});
+    params.add(p + "self_attn.k_proj.weight", {c.kv_width(), c.hidden_size});
+    params.add(p + "self_attn.v_proj.weight", {c.kv_width(), c.hidden_size});
+    params.add(p + "self_attn.o_proj.weight", {c.hidden_size, c.q_width()});
+    if (c.qk_norm) {
+      params.add(p + "self_attn.q_norm.weight", {c.head_dim});
+      params.add(p + "self_attn.k_norm.weight", {c.head_dim});
+    }
+    params.add(p + "post_attention_layernorm.weight", {c.hidden_size});
+    params.add(p + "mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size});
+    params.add(p + "mlp.up_proj.weight", {c.intermediate_size, c.hidden_size});
+    params.add(p + "mlp.down_proj.weight", {c.hidden_size, c.intermediate_size});
+  }
+
+  const decoder_layer_params& param_ids() const { return ids_; }
+  index_t layer_index() const { return index_; }
+
+  /// y (B*T, d) = layer(x (B*T, d)), `chunk` positions at a time (a KV-cache style forward:
+  /// chunk j appends its K/V rows, then attends to the prefix). keep: keep every activation.
+  void forward(B& be, const sequence_batch& seq, matrix_view<const T> x, matrix_view<T> y,
+               index_t chunk, bool keep) {
+    check_rows("forward", seq, x, y);
+    check(chunk >= 1, "decoder_layer::forward: chunk is ", chunk, ", expected >= 1");
+    const index_t t = seq.seq_len;
+    if (keep) chunk = t;
+    kv_state kv = make_kv(be, seq.rows());
+    for (index_t c0 = 0; c0 < t; c0 += chunk) {
+      const index_t c1 = std::min(t, c0 + chunk);
+      chunk_acts a = make_acts(be, seq, x, c0, c1);
+      project_kv(be, seq, a, c0, c1, kv);
+      forward_chunk(be, seq, a, kv, c0, c1);
+      // y rows = x2 + act Wd^T
+      buffer y_c = be.template allocate<T>((c1 - c0) * seq.batch * cfg_.hidden_size);
+      auto yv = y_c.view((c1 - c0) * seq.batch, cfg_.hidden_size);  // (B*c, d)
+      be.copy(a.x2.view(yv.rows, yv.cols), yv);
+      be.gemm(transpose::no, transpose::yes, T(1), a.act.view(yv.rows, cfg_.intermediate_size),
+              weight(ids_.down_proj, cfg_.hidden_size, cfg_.intermediate_size), T(1), yv);
+      detail::scatter_rows(be, seq, c0, c1, matrix_view<const T>(yv), y);
+      if (keep) kept_acts_.emplace(std::move(a));
+    }
+    if (keep) kept_kv_.emplace(std::move(kv));
+  }
+
+  /// Backward state: K/V of every position once (or the kept ones), dK/dV accumulators.
+  /// K/V are recomputed `chunk` positions at a time, so no (B*T, d) temporary is needed.
+  void begin_backward(B& be, const sequence_batch& seq, matrix_view<const T> x, index_t chunk,
+                      layer_grad_mode /*mode*/) {
+    check_extent("decoder_layer::begin_backward", "x.rows", x.rows, seq.rows());
+    if (kept_kv_) {
+      kv_ = std::move(*kept_kv_);
+      kept_kv_.reset();
+    } else {
+      kv_ = make_kv(be, seq.rows());
+      const index_t t = seq.seq_len, step = std::max<index_t>(1, chunk);
+      for (index_t c0 = 0; c0 < t; c0 += step) {
+        const index_t c1 = std::min(t, c0 + step);
+        chunk_acts a = make_acts(be, seq, x, c0, c1);
+        project_kv(be, seq, a, c0, c1, *kv_);
+      }
+    }
+    kv_->dk = be.template allocate<T>(seq.rows() * cfg_.kv_width());  // (B*T, Hkv*hd)
+    kv_->dv = be.template allocate<T>(seq.rows() * cfg_.kv_width());  // (B*T, Hkv*hd)
+  }
+
+  /// Backward of positions [c0, c1) of every sequence (chunks must come last to first).
+  void backward_chunk(B& be, const sequence_batch& seq, matrix_view<const T> x,
+                      matrix_view<const T> dy, index_t c0, index_t c1, matrix_view<T> dx,
+                      layer_grad_mode mode) {
+    check(kv_.has_value(), "decoder_layer::backward_chunk: begin_backward was not called");
+    check(c0 >= 0 && c0 < c1 && c1 <= seq.seq_len, "decoder_layer::backward_chunk: chunk [", c0,
+          ", ", c1, ") is not inside [0, ", seq.seq_len, ")");
+    check_extent("decoder_layer::backward_chunk", "dy rows", dy.rows, seq.rows());
+    check_extent("decoder_layer::backward_chunk", "dy cols", dy.cols, cfg_.hidden_size);
+    if (mode.input_grad) check_rows("backward_chunk", seq, dy, dx);
+    std::optional<chunk_acts> recomputed;
+    chunk_acts* a = nullptr;
+    if (kept_acts_ && kept_acts_->c0 == c0 && kept_acts_->c1 == c1) {
+      a = &*kept_acts_;
+    } else {
+      recomputed.emplace(make_acts(be, seq, x, c0, c1));
+      forward_chunk(be, seq, *recomputed, *kv_, c0, c1);
+      a = &*recomputed;
+    }
+    backward_rows(be, seq, *a, dy, c0, c1, dx, mode);
+  }
+
+  void end_backward(B& /*be*/) {
+    kv_.reset();
+    kept_acts_.reset();
+    kept_kv_.reset();
+  }
+
+ private:
+  /// Per-layer K/V of all B*T rows.
+  struct kv_state {
+    buffer k_raw;   // (B*T, Hkv*hd) k before q/k-norm (only with qk_norm)
+    buffer rstd_k;  // (B*T*Hkv) k-norm rstd (only with qk_norm)
+    buffer k;       // (B*T, Hkv*hd) after k-norm and RoPE
+    buffer v;       // (B*T, Hkv*hd)
+    buffer dk;      // (B*T, Hkv*hd) accumulator, w.r.t. k
+    buffer dv;      // (B*T, Hkv*hd) accumulator
+  };
+
+  /// Activations of positions [c0, c1) of all sequences, n = B*(c1-c0) gathered rows.
+  struct chunk_acts {
+    index_t c0 = 0, c1 = 0, n = 0;
+    buffer x;                 // (n, d) gathered input (empty when the chunk is the whole batch)
+    matrix_view<const T> xv;  // (n, d) view of the input rows
+    buffer h1;                // (n, d)
+    buffer rstd1;             // (n)
+    buffer q_raw;             // (n, H*hd) before q-norm (only with qk_norm)
+    buffer rstd_q;            // (n*H)
+    buffer q;                 // (n, H*hd) after q-norm and RoPE
+    buffer o;                 // (n, H*hd) attention output
+    buffer lse;               // (n, H)
+    buffer x2;                // (n, d) residual after attention
+    buffer h2;                // (n, d)
+    buffer rstd2;             // (n)
+    buffer gate;              // (n, f)
+    buffer up;                // (n, f)
+    buffer act;               // (n, f) silu(gate) * up
+  };
+
+  void check_rows(const char* where, const sequence_batch& seq, matrix_view<const T> in,
+                  matrix_view<T> out) const {
+    const std::string w = std::string("decoder_layer::") + where;
+    check_extent(w.c_str(), "input rows", in.rows, seq.rows());
+    check_extent(w.c_str(), "input cols", in.cols, cfg_.hidden_size);
+    check_extent(w.c_str(), "output rows", out.rows, seq.rows());
+    check_extent(w.c_str(), "output cols", out.cols, cfg_.hidden_size);
+  }
+
+  matrix_view<const T> weight(std::size_t id, index_t rows, index_t cols) const {
+    return as_matrix(std::span<const T>(params_->value(id)), rows, cols);
+  }
+  std::span<const T> vec(std::size_t id) const { return params_->value(id); }
+  matrix_view<T> grad(std::size_t id, index_t rows, index_t cols) const {
+    return as_matrix(params_->grad(id), rows, cols);
+  }
+  std::span<T> grad_vec(std::size_t id, bool wanted) const {
+    return wanted ? params_->grad(id) : std::span<T>{};
+  }
+
+  kv_state make_kv(B& be, index_t rows) const {
+    kv_state kv;
+    if (cfg_.qk_norm) {
+      kv.k_raw = be.template allocate<T>(rows * cfg_.kv_width());
+      kv.rstd_k = be.template allocate<T>(rows * cfg_.num_key_value_heads);
+    }
+    kv.k = be.template allocate<T>(rows * cfg_.kv_width());
+    kv.v = be.template allocate<T>(rows * cfg_.kv_width());
+    return kv;
+  }
+
+  /// Gathers the chunk's input rows and computes h1 = RMSNorm(x).
+  chunk_acts make_acts(B& be, const sequence_batch& seq, matrix_view<const T> x, index_t c0,
+                       index_t c1) const {
+    chunk_acts a;
+    a.c0 = c0;
+    a.c1 = c1;
+    a.n = (c1 - c0) * seq.batch;
+    const index_t d = cfg_.hidden_size;
+    if (c0 == 0 && c1 == seq.seq_len) {
+      a.xv = x;
+    } else {
+      a.x = be.template allocate<T>(a.n * d);
+      detail::gather_rows(be, seq, c0, c1, x, a.x.view(a.n, d));
+      a.xv = a.x.view(a.n, d);
+    }
+    a.h1 = be.template allocate<T>(a.n * d);
+    a.rstd1 = be.template allocate<T>(a.n);
+    be.rmsnorm_forward(a.xv, vec(ids_.input_norm), T(cfg_.rms_norm_eps), a.h1.view(a.n, d),
+                       a.rstd1.span());
+    return a;
+  }
+
+  /// RoPE on the rows of every sequence of a gathered (B*c, heads*hd) chunk.
+  void rope_rows(B& be, const sequence_batch& seq, matrix_view<T> m, index_t heads, index_t c0,
+                 index_t c1, bool backward) const {
+    const index_t c = c1 - c0;
+    for (index_t b = 0; b < seq.batch; ++b) {
+      auto rows = m.row_range(b * c, (b + 1) * c);
+      if (backward)
+        be.rope_backward(rows, heads, cfg_.head_dim, c0, cfg_.rope_theta);
+      else
+        be.rope_forward(rows, heads, cfg_.head_dim, c0, cfg_.rope_theta);
+    }
+  }
+
+  /// K and V of the chunk's rows (from a.h1) written into rows [c0, c1) of kv.
+  void project_kv(B& be, const sequence_batch& seq, const chunk_acts& a, index_t c0, index_t c1,
+                  kv_state& kv) const {
+    const index_t n = a.n, d = cfg_.hidden_size, kvw = cfg_.kv_width(), hd = cfg_.head_dim;
+    const index_t rows = seq.rows();
+    buffer k_c = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
+    buffer v_c = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
+    auto h1 = a.h1.view(n, d);
+    be.gemm(transpose::no, transpose::yes, T(1), h1, weight(ids_.k_proj, kvw, d), T(0),
+            k_c.view(n, kvw));
+    be.gemm(transpose::no, transpose::yes, T(1), h1, weight(ids_.v_proj, kvw, d), T(0),
+            v_c.view(n, kvw));
+    detail::scatter_rows(be, seq, c0, c1, matrix_view<const T>(v_c.view(n, kvw)),
+                         kv.v.view(rows, kvw));
+    if (cfg_.qk_norm) {
+      detail::scatter_rows(be, seq, c0, c1, matrix_view<const T>(k_c.view(n, kvw)),
+                           kv.k_raw.view(rows, kvw));
+      buffer kn = be.template allocate<T>(n * kvw);
+      buffer rstd = be.template allocate<T>(n * cfg_.num_key_value_heads);
+      be.rmsnorm_forward(k_c.view(n * cfg_.num_key_value_heads, hd), vec(ids_.k_norm),
+                         T(cfg_.rms_norm_eps), kn.view(n * cfg_.num_key_value_heads, hd),
+                         rstd.span());
+      detail::scatter_rows(be, seq, c0, c1,
+                           matrix_view<const T>(rstd.view(n, cfg_.num_key_value_heads)),
+                           kv.rstd_k.view(rows, cfg_.num_key_value_heads));
+      k_c = std::move(kn);
+    }
+    rope_rows(be, seq, k_c.view(n, kvw), cfg_.num_key_value_heads, c0, c1, false);
+    detail::scatter_rows(be, seq, c0, c1, matrix_view<const T>(k_c.view(n, kvw)),
+                         kv.k.view(rows, kvw));
+  }
+
+  /// The chunk's forward up to the MLP activation (everything backward_rows needs).
+  void forward_chunk(B& be, const sequence_batch& seq, chunk_acts& a, const kv_state& kv,
+                     index_t c0, index_t c1) const {
+    const index_t n = a.n, d = cfg_.hidden_size, qw = cfg_.q_width(), kvw = cfg_.kv_width();
+    const index_t h = cfg_.num_attention_heads, hd = cfg_.head_dim, f = cfg_.intermediate_size;
+    const index_t c = c1 - c0, t = seq.seq_len;
+    auto h1 = a.h1.view(n, d);
+    a.q = be.template allocate<T>(n * qw);
+    if (cfg_.qk_norm) {
+      a.q_raw = be.template allocate<T>(n * qw);
+      a.rstd_q = be.template allocate<T>(n * h);
+      be.gemm(transpose::no, transpose::yes, T(1), h1, weight(ids_.q_proj, qw, d), T(0),
+              a.q_raw.view(n, qw));
+      be.rmsnorm_forward(a.q_raw.view(n * h, hd), vec(ids_.q_norm), T(cfg_.rms_norm_eps),
+                         a.q.view(n * h, hd), a.rstd_q.span());
+    } else {
+      be.gemm(transpose::no, transpose::yes, T(1), h1, weight(ids_.q_proj, qw, d), T(0),
+              a.q.view(n, qw));
+    }
+    rope_rows(be, seq, a.q.view(n, qw), h, c0, c1, false);
+    // attention of each sequence's chunk queries against its key prefix [0, c1)
+    a.o = be.template allocate<T>(n * qw);
+    a.lse = be.template allocate<T>(n * h);
+    const attention_shape shape{h, cfg_.num_key_value_heads, hd};
+    const T scale = T(1) / std::sqrt(T(hd));
+    for (index_t b = 0; b < seq.batch; ++b) {
+      auto keys = kv.k.view(seq.rows(), kvw).row_range(b * t, b * t + c1);
+      auto vals = kv.v.view(seq.rows(), kvw).row_range(b * t, b * t + c1);
+      be.attention_forward(shape, a.q.view(n, qw).row_range(b * c, (b + 1) * c), keys, vals, c0,
+                           seq.length(b), scale, a.o.view(n, qw).row_range(b * c, (b + 1) * c),
+                           a.lse.view(n, h).row_range(b * c, (b + 1) * c));
+    }
+    // x2 = x + o Wo^T
+    a.x2 = be.template allocate<T>(n * d);
+    be.copy(a.xv, a.x2.view(n, d));
+    be.gemm(transpose::no, transpose::yes, T(1), a.o.view(n, qw), weight(ids_.o_proj, d, qw), T(1),
+            a.x2.view(n, d));
+    // MLP input
+    a.h2 = be.template allocate<T>(n * d);
+    a.rstd2 = be.template allocate<T>(n);
+    be.rmsnorm_forward(a.x2.view(n, d), vec(ids_.post_norm), T(cfg_.rms_norm_eps), a.h2.view(n, d),
+                       a.rstd2.span());
+    a.gate = be.template allocate<T>(n * f);
+    a.up = be.template allocate<T>(n * f);
+    a.act = be.template allocate<T>(n * f);
+    be.gemm(transpose::no, transpose::yes, T(1), a.h2.view(n, d), weight(ids_.gate_proj, f, d),
+            T(0), a.gate.view(n, f));
+    be.gemm(transpose::no, transpose::yes, T(1), a.h2.view(n, d), weight(ids_.up_proj, f, d), T(0),
+            a.up.view(n, f));
+    be.swiglu_forward(a.gate.view(n, f), a.up.view(n, f), a.act.view(n, f));
+  }
+
+  /// Backprop of the chunk's rows given its activations.
+  void backward_rows(B& be, const sequence_batch& seq, chunk_acts& a, matrix_view<const T> dy,
+                     index_t c0, index_t c1, matrix_view<T> dx, layer_grad_mode mode) const {
+    const index_t n = a.n, d = cfg_.hidden_size, qw = cfg_.q_width(), kvw = cfg_.kv_width();
+    const index_t h = cfg_.num_attention_heads, hkv = cfg_.num_key_value_heads;
+    const index_t hd = cfg_.head_dim, f = cfg_.intermediate_size;
+    const index_t c = c1 - c0, t = seq.seq_len, rows = seq.rows();
+    const bool wg = mode.weight_grads;
+    // dy rows of the chunk; dx2 starts as dy (residual)
+    buffer dx2 = be.template allocate<T>(n * d);  // (n, d)
+    detail::gather_rows(be, seq, c0, c1, dy, dx2.view(n, d));
+    {
+      // MLP: y = x2 + act Wd^T
+      buffer dh2 = be.template allocate<T>(n * d);  // (n, d)
+      {
+        buffer dact = be.template allocate<T>(n * f);  // (n, f)
+        be.gemm(transpose::no, transpose::no, T(1), dx2.view(n, d), weight(ids_.down_proj, d, f),
+                T(0), dact.view(n, f));
+        if (wg)
+          be.gemm(transpose::yes, transpose::no, T(1), dx2.view(n, d), a.act.view(n, f), T(1),
+                  grad(ids_.down_proj, d, f));
+        a.act.reset();
+        buffer dgate = be.template allocate<T>(n * f);  // (n, f)
+        buffer dup = be.template allocate<T>(n * f);    // (n, f)
+        be.swiglu_backward(a.gate.view(n, f), a.up.view(n, f), dact.view(n, f), dgate.view(n, f),
+                           dup.view(n, f));
+        dact.reset();
+        a.gate.reset();
+        a.up.reset();
+        be.gemm(transpose::no, transpose::no, T(1), dgate.view(n, f), weight(ids_.gate_proj, f, d),
+                T(0), dh2.view(n, d));
+        be.gemm(transpose::no, transpose::no, T(1), dup.view(n, f), weight(ids_.up_proj, f, d),
+                T(1), dh2.view(n, d));
+        if (wg) {
+          be.gemm(transpose::yes, transpose::no, T(1), dgate.view(n, f), a.h2.view(n, d), T(1),
+                  grad(ids_.gate_proj, f, d));
+          be.gemm(transpose::yes, transpose::no, T(1), dup.view(n, f), a.h2.view(n, d), T(1),
+                  grad(ids_.up_proj, f, d));
+        }
+      }
+      be.rmsnorm_backward(a.x2.view(n, d), vec(ids_.post_norm), a.rstd2.span(), dh2.view(n, d),
+                          dx2.view(n, d), grad_vec(ids_.post_norm, wg));
+    }
+    a.h2.reset();
+    a.x2.reset();
+    // attention output projection: x2 = x + o Wo^T
+    buffer dq = be.template allocate<T>(n * qw);  // (n, H*hd) w.r.t. rotated q
+    {
+      buffer dout = be.template allocate<T>(n * qw);  // (n, H*hd)
+      be.gemm(transpose::no, transpose::no, T(1), dx2.view(n, d), weight(ids_.o_proj, d, qw), T(0),
+              dout.view(n, qw));
+      if (wg)
+        be.gemm(transpose::yes, transpose::no, T(1), dx2.view(n, d), a.o.view(n, qw), T(1),
+                grad(ids_.o_proj, d, qw));
+      const attention_shape shape{h, hkv, hd};
+      const T scale = T(1) / std::sqrt(T(hd));
+      for (index_t b = 0; b < seq.batch; ++b) {
+        const index_t r0 = b * c, r1 = (b + 1) * c;
+        auto keys = kv_->k.view(rows, kvw).row_range(b * t, b * t + c1);
+        auto vals = kv_->v.view(rows, kvw).row_range(b * t, b * t + c1);
+        be.attention_backward(shape, a.q.view(n, qw).row_range(r0, r1), keys, vals,
+                              a.o.view(n, qw).row_range(r0, r1), dout.view(n, qw).row_range(r0, r1),
+                              a.lse.view(n, h).row_range(r0, r1), c0, seq.length(b), scale,
+                              dq.view(n, qw).row_range(r0, r1),
+                              kv_->dk.view(rows, kvw).row_range(b * t, b * t + c1),
+                              kv_->dv.view(rows, kvw).row_range(b * t, b * t + c1));
+      }
+    }
+    a.o.reset();
+    a.lse.reset();
+    a.q.reset();
+    // q: undo RoPE, then q-norm
+    rope_rows(be, seq, dq.view(n, qw), h, c0, c1, true);
+    if (cfg_.qk_norm) {
+      buffer dq_raw = be.template allocate<T>(n * qw);
+      be.rmsnorm_backward(a.q_raw.view(n * h, hd), vec(ids_.q_norm), a.rstd_q.span(),
+                          dq.view(n * h, hd), dq_raw.view(n * h, hd), grad_vec(ids_.q_norm, wg));
+      dq = std::move(dq_raw);
+      a.q_raw.reset();
+    }
+    // k, v rows of this chunk are complete now (later chunks were done first)
+    buffer dk = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
+    buffer dv = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
+    detail::gather_rows(be, seq, c0, c1, matrix_view<const T>(kv_->dk.view(rows, kvw)),
+                        dk.view(n, kvw));
+    detail::gather_rows(be, seq, c0, c1, matrix_view<const T>(kv_->dv.view(rows, kvw)),
+                        dv.view(n, kvw));
+    rope_rows(be, seq, dk.view(n, kvw), hkv, c0, c1, true);
+    if (cfg_.qk_norm) {
+      buffer k_raw = be.template allocate<T>(n * kvw);
+      buffer rstd = be.template allocate<T>(n * hkv);
+      detail::gather_rows(be, seq, c0, c1, matrix_view<const T>(kv_->k_raw.view(rows, kvw)),
+                          k_raw.view(n, kvw));
+      detail::gather_rows(be, seq, c0, c1, matrix_view<const T>(kv_->rstd_k.view(rows, hkv)),
+                          rstd.view(n, hkv));
+      buffer dk_raw = be.template allocate<T>(n * kvw);
+      be.rmsnorm_backward(k_raw.view(n * hkv, hd), vec(ids_.k_norm), rstd.span(),
+                          dk.view(n * hkv, hd), dk_raw.view(n * hkv, hd),
+                          grad_vec(ids_.k_norm, wg));
+      dk = std::move(dk_raw);
+    }
+    auto h1 = a.h1.view(n, d);
+    if (wg) {
+      be.gemm(transpose::yes, transpose::no, T(1), dq.view(n, qw), h1, T(1),
+              grad(ids_.q_proj, qw, d));
+      be.gemm(transpose::yes, transpose::no, T(1), dk.view(n, kvw), h1, T(1),
+              grad(ids_.k_proj, kvw, d));
+      be.gemm(transpose::yes, transpose::no, T(1), dv.view(n, kvw), h1, T(1),
+              grad(ids_.v_proj, kvw, d));
+    }
+    if (!mode.input_grad && !wg) return;
+    // dh1 = dq Wq + dk Wk + dv Wv; dx = dx2 + RMSNorm backward
+    buffer dh1 = be.template allocate<T>(n * d);  // (n, d)
+    be.gemm(transpose::no, transpose::no, T(1), dq.view(n, qw), weight(ids_.q_proj, qw, d), T(0),
+            dh1.view(n, d));
+    be.gemm(transpose::no, transpose::no, T(1), dk.view(n, kvw), weight(ids_.k_proj, kvw, d), T(1),
+            dh1.view(n, d));
+    be.gemm(transpose::no, transpose::no, T(1), dv.view(n, kvw), weight(ids_.v_proj, kvw, d), T(1),
+            dh1.view(n, d));
+    be.rmsnorm_backward(a.xv, vec(ids_.input_norm), a.rstd1.span(), dh1.view(n, d), dx2.view(n, d),
+                        grad_vec(ids_.input_norm, wg));
+    if (mode.input_grad)
+      detail::scatter_rows(be, seq, c0, c1, matrix_view<const T>(dx2.view(n, d)), dx);
+  }
+
+  parameter_set<B>* params_;
+  model_config cfg_;
+  index_t index_;
+  decoder_layer_params ids_{};
+  std::optional<kv_state> kv_;
+  std::optional<chunk_acts> kept_acts_;
+  std::optional<kv_state> kept_kv_;
+};
+
+}  // namespace tightfit

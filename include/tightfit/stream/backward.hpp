@@ -1,0 +1,253 @@
+// tightfit/stream/backward.hpp: one entry point for the gradients of a decoder model on a
+// batch, under three schedules selectable at run time, all on the same kernels:
+//   full        every activation of every layer kept from the forward (classic backprop);
+//   checkpoint  only each layer's input kept; in backward the whole layer is recomputed over
+//               all T, then backpropagated (gradient checkpointing, the paper's baseline);
+//   stream      StreamBP (Luo et al., NeurIPS 2025): forward `chunk` positions at a time
+//               (KV-cache style); backward per layer computes K/V once, then chunks last to
+//               first, each recomputed and backpropagated, dK/dV accumulated.
+// The LM head streams over row chunks by default for `stream` and materialises the (B*T, V)
+// logits for the others, as frameworks do; head_mode selects it separately.
+//
+// Invariants: every schedule gives the gradients of plain backprop (to rounding); every
+// activation buffer is allocated through the backend and counted, and the call reports its
+// peak; parameter gradients ACCUMULATE (call parameters().zero_grads() between steps);
+// layers below the lowest one that needs anything are not backpropagated, and layers that
+// need no weight gradient run no weight-gradient GEMM.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tightfit/backend/concept.hpp"
+#include "tightfit/core/error.hpp"
+#include "tightfit/loss/objective.hpp"
+#include "tightfit/nn/layer.hpp"
+#include "tightfit/nn/model.hpp"
+#include "tightfit/stream/head.hpp"
+
+namespace tightfit {
+
+enum class schedule { full, checkpoint, stream };
+enum class head_mode { automatic, materialized, streaming };
+
+inline const char* to_string(schedule s) {
+  switch (s) {
+    case schedule::full:
+      return "full";
+    case schedule::checkpoint:
+      return "checkpoint";
+    case schedule::stream:
+      return "stream";
+  }
+  return "?";
+}
+
+/// "full", "checkpoint" or "stream"; anything else is an error naming it.
+inline schedule parse_schedule(const std::string& name) {
+  if (name == "full") return schedule::full;
+  if (name == "checkpoint") return schedule::checkpoint;
+  if (name == "stream") return schedule::stream;
+  fail("unknown schedule '", name, "', expected full, checkpoint or stream");
+}
+
+/// A group of parameters whose gradients just became final.
+struct grads_ready {
+  enum class kind { head, layer, embedding };
+  kind what = kind::layer;
+  index_t layer = -1;  ///< for kind::layer
+};
+
+struct backward_options {
+  schedule sched = schedule::stream;
+  index_t chunk = 512;                    ///< positions per chunk (stream); >= 1
+  head_mode head = head_mode::automatic;  ///< automatic: streaming for stream, else materialized
+  index_t head_chunk_rows = 0;            ///< rows per streaming-head chunk; 0: chunk * B
+  double temperature = 1.0;               ///< tau of the token log-probs
+  std::vector<bool> layer_weight_grads;   ///< per layer; empty: every layer
+  bool embedding_grad = true;             ///< gradient of model.embed_tokens.weight
+  bool head_grad = true;                  ///< gradients of model.norm and lm_head
+  std::function<void(const grads_ready&)> on_grads_ready;  ///< optimizers, communicators
+};
+
+/// A batch of token ids with targets already shifted (see token_layout).
+struct token_batch {
+  index_t batch = 1;                    ///< B
+  index_t seq_len = 0;                  ///< T
+  std::span<const token_id> input_ids;  ///< (B*T)
+  std::span<const token_id> targets;    ///< (B*T) ignore_index where nothing is predicted
+  std::span<const index_t> lengths;     ///< (B) valid lengths; empty: all T
+};
+
+/// Hugging Face labels (unshifted: labels[t] is the token at t, predicted from t-1) to targets
+/// (targets[t] = labels[t+1], the last position of each row gets ignore_index).
+inline std::vector<token_id> shift_labels(std::span<const token_id> labels, index_t batch,
+                                          index_t seq_len) {
+  check_extent("shift_labels", "labels.size", static_cast<index_t>(labels.size()), batch * seq_len);
+  std::vector<token_id> targets(labels.size(), ignore_index);
+  for (index_t b = 0; b < batch; ++b)
+    for (index_t t = 0; t + 1 < seq_len; ++t)
+      targets[static_cast<std::size_t>(b * seq_len + t)] =
+          labels[static_cast<std::size_t>(b * seq_len + t + 1)];
+  return targets;
+}
+
+struct backward_result {
+  double loss = 0;
+  std::size_t peak_activation_bytes = 0;  ///< peak bytes allocated inside the call
+  std::size_t peak_bytes = 0;             ///< peak of all counted bytes (params, grads too)
+  double seconds = 0;                     ///< wall time of forward + backward
+  double forward_seconds = 0;             ///< of which the layers' forward
+  index_t chunk = 0;                      ///< positions per chunk actually used
+  index_t lowest_layer = 0;               ///< lowest layer backpropagated (L: none)
+};
+
+namespace detail {
+
+template <Backend B>
+void validate_batch(const decoder_model<B>& model, const token_batch& batch) {
+  const sequence_batch seq{batch.batch, batch.seq_len, batch.lengths};
+  seq.validate();
+  const index_t rows = seq.rows(), v = model.config().vocab_size;
+  check_extent("compute_gradients", "input_ids.size", static_cast<index_t>(batch.input_ids.size()),
+               rows);
+  check_extent("compute_gradients", "targets.size", static_cast<index_t>(batch.targets.size()),
+               rows);
+  for (index_t r = 0; r < rows; ++r) {
+    const token_id id = batch.input_ids[static_cast<std::size_t>(r)];
+    check(id >= 0 && id < v, "input_ids[", r / batch.seq_len, "][", r % batch.seq_len, "] is ", id,
+          ", outside the vocabulary [0, ", v, ")");
+    const token_id y = batch.targets[static_cast<std::size_t>(r)];
+    check(y == ignore_index || (y >= 0 && y < v), "targets[", r / batch.seq_len, "][",
+          r % batch.seq_len, "] is ", y, ", expected ", ignore_index, " or a token in [0, ", v,
+          ")");
+  }
+}
+
+}  // namespace detail
+
+/// Loss and parameter gradients of `model` on `batch` under `objective` (see the top comment).
+template <Backend B, Objective O>
+backward_result compute_gradients(decoder_model<B>& model, const token_batch& batch, O& objective,
+                                  const backward_options& opt) {
+  using T = typename B::value_type;
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  B& be = model.backend();
+  const model_config& cfg = model.config();
+  const index_t nl = cfg.num_hidden_layers, d = cfg.hidden_size;
+  detail::validate_batch(model, batch);
+  check(opt.chunk >= 1, "compute_gradients: chunk is ", opt.chunk, ", expected >= 1");
+  check(opt.layer_weight_grads.empty() || static_cast<index_t>(opt.layer_weight_grads.size()) == nl,
+        "compute_gradients: layer_weight_grads has ", opt.layer_weight_grads.size(),
+        " entries, expected ", nl, " (one per layer) or none");
+  const sequence_batch seq{batch.batch, batch.seq_len, batch.lengths};
+  const index_t t = seq.seq_len, rows = seq.rows();
+
+  // Targets at padded positions never count.
+  std::vector<token_id> targets(batch.targets.begin(), batch.targets.end());
+  for (index_t b = 0; b < seq.batch; ++b)
+    for (index_t p = seq.length(b); p < t; ++p)
+      targets[static_cast<std::size_t>(b * t + p)] = ignore_index;
+  const token_layout layout{seq.batch, t, targets, batch.lengths};
+
+  // Which layers need weight gradients, and how far down backprop must go.
+  auto needs = [&](index_t l) {
+    return opt.layer_weight_grads.empty() || opt.layer_weight_grads[static_cast<std::size_t>(l)];
+  };
+  index_t lowest = nl;  // lowest layer to backpropagate
+  for (index_t l = 0; l < nl; ++l)
+    if (needs(l)) {
+      lowest = l;
+      break;
+    }
+  if (opt.embedding_grad) lowest = 0;
+
+  // Gradient buffers exist before the measured region (they are not activations).
+  auto& params = model.parameters();
+  if (opt.head_grad)
+    for (auto id : model.head_param_ids()) params.allocate_grad(id);
+  if (opt.embedding_grad) params.allocate_grad(model.embed_id());
+  for (index_t l = 0; l < nl; ++l)
+    if (needs(l))
+      for (auto id : model.layer_param_ids(l)) params.allocate_grad(id);
+
+  backward_result result;
+  result.lowest_layer = lowest;
+  peak_scope scope(be.memory());
+  const index_t fwd_chunk = opt.sched == schedule::stream ? opt.chunk : t;
+  const index_t bwd_chunk = opt.sched == schedule::stream ? std::min(opt.chunk, t) : t;
+  result.chunk = bwd_chunk;
+
+  // Forward: xs[l] is the input of layer l (kept for backward), xs[nl] the final hidden state.
+  std::vector<buffer_t<B>> xs;
+  xs.reserve(static_cast<std::size_t>(nl + 1));
+  xs.push_back(be.template allocate<T>(rows * d));  // (B*T, d)
+  be.embedding_forward(
+      as_matrix(std::span<const T>(params.value(model.embed_id())), cfg.vocab_size, d),
+      batch.input_ids, xs[0].view(rows, d));
+  auto& layers = model.layers();
+  for (index_t l = 0; l < nl; ++l) {
+    xs.push_back(be.template allocate<T>(rows * d));  // (B*T, d)
+    auto& in = xs[static_cast<std::size_t>(l)];
+    layers[static_cast<std::size_t>(l)].forward(be, seq, matrix_view<const T>(in.view(rows, d)),
+                                                xs[static_cast<std::size_t>(l + 1)].view(rows, d),
+                                                fwd_chunk,
+                                                opt.sched == schedule::full && l >= lowest);
+    if (l < lowest) in.reset();  // never backpropagated: its input is not needed
+  }
+  result.forward_seconds = std::chrono::duration<double>(clock::now() - start).count();
+
+  // Head: loss, head gradients, dH.
+  const bool streaming = opt.head == head_mode::streaming ||
+                         (opt.head == head_mode::automatic && opt.sched == schedule::stream);
+  head_options hopt;
+  hopt.temperature = opt.temperature;
+  hopt.chunk_rows = streaming ? (opt.head_chunk_rows > 0 ? opt.head_chunk_rows
+                                                         : std::min(rows, opt.chunk * seq.batch))
+                              : rows;
+  buffer_t<B> dy;
+  if (lowest < nl) dy = be.template allocate<T>(rows * d);  // (B*T, d)
+  {
+    auto hidden = xs[static_cast<std::size_t>(nl)].view(rows, d);
+    result.loss =
+        lm_head_backward(model, matrix_view<const T>(hidden), layout, objective, hopt,
+                         lowest < nl ? dy.view(rows, d) : matrix_view<T>{}, opt.head_grad);
+    xs[static_cast<std::size_t>(nl)].reset();
+  }
+  if (opt.head_grad && opt.on_grads_ready) opt.on_grads_ready({grads_ready::kind::head, -1});
+
+  // Layers, top to bottom.
+  buffer_t<B> dx;
+  for (index_t l = nl - 1; l >= lowest; --l) {
+    auto& layer = layers[static_cast<std::size_t>(l)];
+    const layer_grad_mode mode{needs(l), l > lowest || opt.embedding_grad};
+    auto x = matrix_view<const T>(xs[static_cast<std::size_t>(l)].view(rows, d));
+    if (mode.input_grad && dx.empty()) dx = be.template allocate<T>(rows * d);  // (B*T, d)
+    layer.begin_backward(be, seq, x, bwd_chunk, mode);
+    const index_t chunks = (t + bwd_chunk - 1) / bwd_chunk;
+    for (index_t j = chunks - 1; j >= 0; --j) {  // last chunk first
+      const index_t c0 = j * bwd_chunk, c1 = std::min(t, c0 + bwd_chunk);
+      layer.backward_chunk(be, seq, x, matrix_view<const T>(dy.view(rows, d)), c0, c1,
+                           mode.input_grad ? dx.view(rows, d) : matrix_view<T>{}, mode);
+    }
+    layer.end_backward(be);
+    xs[static_cast<std::size_t>(l)].reset();
+    if (mode.weight_grads && opt.on_grads_ready) opt.on_grads_ready({grads_ready::kind::layer, l});
+    if (mode.input_grad) std::swap(dx, dy);
+  }
+  if (opt.embedding_grad) {
+    be.embedding_backward(matrix_view<const T>(dy.view(rows, d)), batch.input_ids,
+                          as_matrix(params.grad(model.embed_id()), cfg.vocab_size, d));
+    if (opt.on_grads_ready) opt.on_grads_ready({grads_ready::kind::embedding, -1});
+  }
+  result.peak_activation_bytes = scope.peak_above_entry();
+  result.peak_bytes = scope.peak_bytes();
+  result.seconds = std::chrono::duration<double>(clock::now() - start).count();
+  return result;
+}
+
+}  // namespace tightfit

@@ -1,0 +1,148 @@
+// tightfit/stream/head.hpp: the LM head (final RMSNorm, logits, token log-probs) run over row
+// chunks, so that the (B*T, V) logits are never materialised (StreamBP's streaming head,
+// ALGORITHMS.md section 1). With chunk_rows >= B*T it is the materialised head of frameworks.
+//
+// Per chunk of rows [r0, r1): hf = RMSNorm(H rows) (n, d); z = hf W^T (n, V); lse and label
+// log-probs; then, in the gradient pass, dz = coeff (onehot - softmax(z/tau)) / tau in place,
+// dW += dz^T hf (beta = 1, the one (V, d) gradient buffer), dhf = dz W, and the final-norm
+// backward adds into dH rows. The chunk's logits are freed before the next chunk.
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+#include "tightfit/backend/concept.hpp"
+#include "tightfit/loss/objective.hpp"
+#include "tightfit/nn/model.hpp"
+
+namespace tightfit {
+
+/// How the head walks the rows.
+struct head_options {
+  index_t chunk_rows = 1024;  ///< rows per logits chunk; >= B*T materialises all logits
+  double temperature = 1.0;   ///< tau: log-probs of softmax(z / tau)
+};
+
+namespace detail {
+
+/// Runs the head over row chunks: for each chunk, visit(r0, r1, logits (n,V), hf (n,d),
+/// rstd (n), lse (n), lp host (n)). Logits hold z on entry to visit.
+template <Backend B, class Visit>
+void head_chunks(decoder_model<B>& model, matrix_view<const typename B::value_type> hidden,
+                 const token_layout& layout, const head_options& opt, Visit&& visit) {
+  using T = typename B::value_type;
+  B& be = model.backend();
+  const auto& cfg = model.config();
+  const index_t d = cfg.hidden_size, v = cfg.vocab_size, rows = layout.rows();
+  check_extent("lm_head", "hidden rows", hidden.rows, rows);
+  check_extent("lm_head", "hidden cols", hidden.cols, d);
+  check(opt.chunk_rows >= 1, "lm_head: chunk_rows is ", opt.chunk_rows, ", expected >= 1");
+  check(opt.temperature > 0, "lm_head: temperature is ", opt.temperature, ", expected > 0");
+  auto& params = model.parameters();
+  const auto w = as_matrix(std::span<const T>(params.value(model.lm_head_id())), v, d);
+  const std::span<const T> g = params.value(model.final_norm_id());
+  std::vector<T> lp_host;
+  for (index_t r0 = 0; r0 < rows; r0 += opt.chunk_rows) {
+    const index_t r1 = std::min(rows, r0 + opt.chunk_rows), n = r1 - r0;
+    auto hf = be.template allocate<T>(n * d);  // (n, d)
+    auto rstd = be.template allocate<T>(n);    // (n)
+    be.rmsnorm_forward(hidden.row_range(r0, r1), g, T(cfg.rms_norm_eps), hf.view(n, d),
+                       rstd.span());
+    auto logits = be.template allocate<T>(n * v);  // (n, V)
+    be.gemm(transpose::no, transpose::yes, T(1), hf.view(n, d), w, T(0), logits.view(n, v));
+    auto lse = be.template allocate<T>(n);  // (n)
+    auto lp = be.template allocate<T>(n);   // (n)
+    const auto targets =
+        layout.targets.subspan(static_cast<std::size_t>(r0), static_cast<std::size_t>(n));
+    be.xent_forward(logits.view(n, v), targets, T(opt.temperature), lse.span(), lp.span());
+    lp_host.resize(static_cast<std::size_t>(n));
+    be.download(std::span<const T>(lp.span()), std::span<T>(lp_host));
+    visit(r0, r1, logits, hf, rstd, lse, std::span<const T>(lp_host));
+  }
+}
+
+template <class T>
+std::vector<double> to_double(std::span<const T> s) {
+  return std::vector<double>(s.begin(), s.end());
+}
+
+}  // namespace detail
+
+/// Forward-only per-token label log-probs (B*T; 0 where the target is ignored), with the same
+/// streaming memory bound as the gradient pass.
+template <Backend B>
+std::vector<double> token_logprobs(decoder_model<B>& model,
+                                   matrix_view<const typename B::value_type> hidden,
+                                   const token_layout& layout, const head_options& opt) {
+  std::vector<double> out(static_cast<std::size_t>(layout.rows()));
+  detail::head_chunks(model, hidden, layout, opt,
+                      [&](index_t r0, index_t, auto&, auto&, auto&, auto&, auto lp) {
+                        std::copy(lp.begin(), lp.end(), out.begin() + r0);
+                      });
+  return out;
+}
+
+/// The head's gradient pass (after the objective's statistics pass when it has one).
+/// dhidden (B*T, d): the final-norm backward ADDS into it (empty view: not needed).
+/// weight_grads: accumulate into the gradients of lm_head (or the tied embedding) and the
+/// final norm, which must be allocated. Returns the loss.
+template <Backend B, Objective O>
+double lm_head_backward(decoder_model<B>& model, matrix_view<const typename B::value_type> hidden,
+                        const token_layout& layout, O& objective, const head_options& opt,
+                        matrix_view<typename B::value_type> dhidden, bool weight_grads) {
+  using T = typename B::value_type;
+  B& be = model.backend();
+  const auto& cfg = model.config();
+  const index_t d = cfg.hidden_size, v = cfg.vocab_size;
+  auto& params = model.parameters();
+  objective.begin(layout);
+  if (objective.statistics_pass()) {
+    detail::head_chunks(model, hidden, layout, opt,
+                        [&](index_t r0, index_t, auto&, auto&, auto&, auto&, auto lp) {
+                          const auto lpd = detail::to_double(lp);
+                          objective.statistics(layout, r0, std::span<const double>(lpd));
+                        });
+    objective.end_statistics(layout);
+  }
+  const bool need_dh = !dhidden.empty();
+  if (need_dh) {
+    check_extent("lm_head_backward", "dhidden rows", dhidden.rows, layout.rows());
+    check_extent("lm_head_backward", "dhidden cols", dhidden.cols, d);
+  }
+  const auto w = as_matrix(std::span<const T>(params.value(model.lm_head_id())), v, d);
+  const std::span<const T> g = params.value(model.final_norm_id());
+  std::vector<double> coeff;
+  std::vector<T> coeff_t;
+  double sum = 0;
+  detail::head_chunks(
+      model, hidden, layout, opt,
+      [&](index_t r0, index_t r1, auto& logits, auto& hf, auto& rstd, auto& lse, auto lp) {
+        const index_t n = r1 - r0;
+        const auto lpd = detail::to_double(lp);
+        coeff.assign(static_cast<std::size_t>(n), 0.0);
+        sum += objective.coefficients(layout, r0, std::span<const double>(lpd),
+                                      std::span<double>(coeff));
+        if (!need_dh && !weight_grads) return;
+        coeff_t.assign(coeff.begin(), coeff.end());
+        auto coeff_dev = be.template allocate<T>(n);
+        be.upload(std::span<const T>(coeff_t), coeff_dev.span());
+        const auto targets =
+            layout.targets.subspan(static_cast<std::size_t>(r0), static_cast<std::size_t>(n));
+        be.xent_backward(logits.view(n, v), targets, std::span<const T>(lse.span()),
+                         std::span<const T>(coeff_dev.span()), T(opt.temperature));
+        if (weight_grads)
+          be.gemm(transpose::yes, transpose::no, T(1), logits.view(n, v), hf.view(n, d), T(1),
+                  as_matrix(params.grad(model.lm_head_id()), v, d));
+        auto dhf = be.template allocate<T>(n * d);  // (n, d)
+        be.gemm(transpose::no, transpose::no, T(1), logits.view(n, v), w, T(0), dhf.view(n, d));
+        logits.reset();
+        auto scratch = need_dh ? decltype(dhf){} : be.template allocate<T>(n * d);
+        auto dx = need_dh ? dhidden.row_range(r0, r1) : scratch.view(n, d);
+        be.rmsnorm_backward(hidden.row_range(r0, r1), g, std::span<const T>(rstd.span()),
+                            dhf.view(n, d), dx,
+                            weight_grads ? params.grad(model.final_norm_id()) : std::span<T>{});
+      });
+  return objective.finish(sum);
+}
+
+}  // namespace tightfit

@@ -1,0 +1,271 @@
+// StreamBP exactness: stream == full == checkpoint gradients in double, finite differences,
+// float against double, frozen layers, bad input.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "stream_testing.hpp"
+#include "support/testing.hpp"
+
+using namespace tightfit;
+using tightfit::testing::grads_of;
+using tightfit::testing::random_batch;
+using tightfit::testing::tiny_config;
+
+namespace {
+
+using ref = reference_backend<double>;
+
+struct run_output {
+  double loss = 0;
+  std::vector<std::vector<double>> grads;
+  backward_result result;
+};
+
+run_output run(const model_config& cfg, const random_batch& batch, backward_options opt,
+               std::uint64_t seed = 7) {
+  ref be;
+  decoder_model<ref> model(be, cfg);
+  model.init_random(seed, 0.3, 0.2);
+  sft_loss loss;
+  run_output out;
+  out.result = compute_gradients(model, batch.view(), loss, opt);
+  out.loss = out.result.loss;
+  out.grads = grads_of(model.parameters());
+  return out;
+}
+
+double max_grad_rel_diff(const run_output& a, const run_output& b) {
+  REQUIRE(a.grads.size() == b.grads.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < a.grads.size(); ++i) {
+    REQUIRE(a.grads[i].size() == b.grads[i].size());
+    worst = std::max(worst, tightfit::testing::max_rel_diff(a.grads[i], b.grads[i], 1e-12));
+  }
+  return worst;
+}
+
+backward_options with(schedule s, index_t chunk) {
+  backward_options o;
+  o.sched = s;
+  o.chunk = chunk;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("stream, checkpoint and full give the same loss and gradients (double)") {
+  struct variant {
+    index_t heads, kv_heads;
+    bool qk_norm, tied;
+    index_t batch, seq_len;
+    std::vector<index_t> lengths;
+    index_t chunk;
+  };
+  const std::vector<variant> variants = {
+      {2, 2, false, false, 1, 11, {}, 4},       // MHA, T not a multiple of the chunk
+      {4, 2, true, false, 2, 9, {9, 5}, 2},     // GQA 2, q/k-norm, padding
+      {4, 1, true, true, 3, 7, {7, 3, 6}, 3},   // GQA 4, tied, three lengths
+      {2, 1, false, true, 2, 6, {4, 6}, 1},     // chunk = 1
+      {4, 4, true, false, 1, 5, {}, 8},         // chunk >= T: one chunk
+      {4, 2, false, false, 2, 13, {13, 1}, 5},  // a sequence of length 1
+  };
+  for (const auto& v : variants) {
+    CAPTURE(v.heads);
+    CAPTURE(v.kv_heads);
+    CAPTURE(v.qk_norm);
+    CAPTURE(v.tied);
+    CAPTURE(v.batch);
+    CAPTURE(v.chunk);
+    const auto cfg = tiny_config(v.heads, v.kv_heads, v.qk_norm, v.tied);
+    const random_batch batch(v.batch, v.seq_len, cfg.vocab_size, v.lengths, 11 + v.chunk);
+    const auto full = run(cfg, batch, with(schedule::full, v.chunk));
+    const auto ckpt = run(cfg, batch, with(schedule::checkpoint, v.chunk));
+    const auto stream = run(cfg, batch, with(schedule::stream, v.chunk));
+    CHECK(std::isfinite(full.loss));
+    CHECK(full.loss > 0);
+    CHECK(std::abs(stream.loss - full.loss) <= 1e-12 * std::abs(full.loss));
+    CHECK(std::abs(ckpt.loss - full.loss) <= 1e-12 * std::abs(full.loss));
+    CHECK(max_grad_rel_diff(stream, full) < 1e-10);
+    CHECK(max_grad_rel_diff(ckpt, full) < 1e-10);
+    // the streaming head alone and the materialised head under stream agree too
+    auto o = with(schedule::stream, v.chunk);
+    o.head = head_mode::materialized;
+    CHECK(max_grad_rel_diff(run(cfg, batch, o), full) < 1e-10);
+    o = with(schedule::checkpoint, v.chunk);
+    o.head = head_mode::streaming;
+    o.head_chunk_rows = 3;
+    CHECK(max_grad_rel_diff(run(cfg, batch, o), full) < 1e-10);
+    // every parameter got a non-zero gradient (the comparison is not vacuous)
+    for (const auto& g : full.grads) {
+      REQUIRE_FALSE(g.empty());
+      double norm = 0;
+      for (double x : g) norm += x * x;
+      CHECK(norm > 0);
+    }
+  }
+}
+
+TEST_CASE("finite differences of the loss match the stream gradients") {
+  const auto cfg = tiny_config(4, 2, true, false);
+  const random_batch batch(2, 6, cfg.vocab_size, {6, 4}, 5, 0.1);
+  ref be;
+  decoder_model<ref> model(be, cfg);
+  model.init_random(3, 0.3, 0.2);
+  sft_loss loss;
+  compute_gradients(model, batch.view(), loss, with(schedule::stream, 4));
+  auto& params = model.parameters();
+  backward_options loss_only = with(schedule::stream, 4);
+  loss_only.embedding_grad = false;
+  loss_only.head_grad = false;
+  loss_only.layer_weight_grads.assign(static_cast<std::size_t>(cfg.num_hidden_layers), false);
+  auto loss_at = [&] {
+    sft_loss l;
+    return compute_gradients(model, batch.view(), l, loss_only).loss;
+  };
+  const double h = 1e-5;
+  int checked = 0;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    auto value = params.value(i);
+    auto grad = params.grad(i);
+    for (std::size_t k : {std::size_t{0}, value.size() / 2, value.size() - 1}) {
+      const double saved = value[k];
+      value[k] = saved + h;
+      const double up = loss_at();
+      value[k] = saved - h;
+      const double down = loss_at();
+      value[k] = saved;
+      const double fd = (up - down) / (2 * h);
+      CAPTURE(params.name(i));
+      CAPTURE(k);
+      CHECK(std::abs(fd - grad[k]) <= 1e-6 * std::max(1.0, std::abs(fd)));
+      ++checked;
+    }
+  }
+  CHECK(checked == 3 * static_cast<int>(params.size()));
+}
+
+TEST_CASE("float stream matches double full within 1e-4") {
+  const auto cfg = tiny_config(4, 2, true, false);
+  const random_batch batch(2, 12, cfg.vocab_size, {12, 8}, 9);
+  const auto full = run(cfg, batch, with(schedule::full, 4));
+  reference_backend<float> fbe;
+  decoder_model<reference_backend<float>> model(fbe, cfg);
+  model.init_random(7, 0.3, 0.2);  // the same seed: the same values, rounded to float
+  sft_loss loss;
+  const auto r = compute_gradients(model, batch.view(), loss, with(schedule::stream, 5));
+  CHECK(std::abs(r.loss - full.loss) <= 1e-4 * std::abs(full.loss));
+  auto& params = model.parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    auto g = params.grad(i);
+    std::vector<double> gd(g.begin(), g.end());
+    CAPTURE(params.name(i));
+    CHECK(tightfit::testing::max_rel_diff(gd, full.grads[i]) < 1e-4);
+  }
+}
+
+TEST_CASE("frozen layers get no gradient and run no weight-gradient GEMM") {
+  const auto cfg = tiny_config(4, 2, true, false, 3);
+  const random_batch batch(1, 10, cfg.vocab_size, {}, 4);
+  const index_t chunk = 3, chunks = 4;
+  auto gemms = [&](std::vector<bool> trainable, bool embedding, run_output* out) {
+    ref be;
+    decoder_model<ref> model(be, cfg);
+    model.init_random(7, 0.3, 0.2);
+    sft_loss loss;
+    auto o = with(schedule::stream, chunk);
+    o.layer_weight_grads = trainable;
+    o.embedding_grad = embedding;
+    std::vector<index_t> ready;
+    o.on_grads_ready = [&](const grads_ready& g) {
+      if (g.what == grads_ready::kind::layer) ready.push_back(g.layer);
+    };
+    out->result = compute_gradients(model, batch.view(), loss, o);
+    out->grads = grads_of(model.parameters());
+    for (index_t l = 0; l < cfg.num_hidden_layers; ++l) {
+      const bool wanted = trainable[static_cast<std::size_t>(l)];
+      for (auto id : model.layer_param_ids(l)) CHECK(model.parameters().has_grad(id) == wanted);
+    }
+    // the callback fired once per trainable layer, top to bottom
+    std::vector<index_t> expected;
+    for (index_t l = cfg.num_hidden_layers - 1; l >= 0; --l)
+      if (trainable[static_cast<std::size_t>(l)]) expected.push_back(l);
+    CHECK(ready == expected);
+    return be.stats().gemm_calls;
+  };
+  run_output all, middle, top;
+  const auto all_calls = gemms({true, true, true}, true, &all);
+  const auto middle_calls = gemms({false, true, false}, false, &middle);
+  const auto top_calls = gemms({false, false, true}, false, &top);
+  // backprop stopped below layer 1: layer 0 does no backward at all
+  CHECK(middle.result.lowest_layer == 1);
+  CHECK(top.result.lowest_layer == 2);
+  // per chunk a layer's backward runs 7 weight-gradient GEMMs, its recompute 6 (q, k, v is
+  // done once per layer for all rows: 2 GEMMs per kv block), and 3 dX GEMMs + 4 others
+  const std::int64_t weight_gemms_per_layer = 7 * chunks;
+  CHECK(all_calls > middle_calls);
+  // layer 2 frozen but backpropagated: exactly its weight-gradient GEMMs are missing, plus
+  // everything of layer 0 and the lowest layer's dX GEMMs (3 per chunk).
+  const std::int64_t layer_backward = all_calls - top_calls;  // two layers' backward, see below
+  CHECK(layer_backward > 0);
+  {
+    // compare "all trainable" with "layer 2 frozen, layers 0 and 1 trainable": the difference
+    // is exactly layer 2's weight-gradient GEMMs
+    run_output partial;
+    const auto partial_calls = gemms({true, true, false}, true, &partial);
+    CHECK(all_calls - partial_calls == weight_gemms_per_layer);
+    // the trainable layers' gradients are unchanged by freezing another layer
+    for (std::size_t i = 0; i < all.grads.size(); ++i)
+      if (!partial.grads[i].empty())
+        CHECK(tightfit::testing::max_rel_diff(partial.grads[i], all.grads[i], 1e-12) < 1e-12);
+  }
+  // middle-only gradients equal the full run's restricted to layer 1
+  for (std::size_t i = 0; i < all.grads.size(); ++i)
+    if (!middle.grads[i].empty())
+      CHECK(tightfit::testing::max_rel_diff(middle.grads[i], all.grads[i], 1e-12) < 1e-12);
+}
+
+TEST_CASE("bad input gets a clear error") {
+  const auto cfg = tiny_config(2, 1, false, false);
+  ref be;
+  decoder_model<ref> model(be, cfg);
+  model.init_random(1);
+  sft_loss loss;
+  auto message = [&](const token_batch& b, backward_options o) -> std::string {
+    try {
+      compute_gradients(model, b, loss, o);
+    } catch (const error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  random_batch good(1, 4, cfg.vocab_size, {}, 1);
+  auto o = with(schedule::stream, 2);
+  auto bad_id = good;
+  bad_id.ids[2] = cfg.vocab_size;
+  CHECK(message(bad_id.view(), o).find("input_ids[0][2] is 37") != std::string::npos);
+  auto neg_id = good;
+  neg_id.ids[1] = -1;
+  CHECK(message(neg_id.view(), o).find("is -1") != std::string::npos);
+  auto bad_label = good;
+  bad_label.targets[3] = -5;
+  CHECK(message(bad_label.view(), o).find("targets[0][3] is -5") != std::string::npos);
+  auto empty = good;
+  empty.seq_len = 0;
+  empty.ids.clear();
+  empty.targets.clear();
+  CHECK(message(empty.view(), o).find("sequence length T is 0") != std::string::npos);
+  auto zero_chunk = with(schedule::stream, 0);
+  CHECK(message(good.view(), zero_chunk).find("chunk is 0") != std::string::npos);
+  auto short_ids = good;
+  short_ids.ids.pop_back();
+  CHECK(message(short_ids.view(), o).find("input_ids.size is 3, expected 4") != std::string::npos);
+  random_batch padded(2, 4, cfg.vocab_size, {4, 5}, 1);
+  CHECK(message(padded.view(), o).find("lengths[1] is 5") != std::string::npos);
+  auto bad_mask = with(schedule::stream, 2);
+  bad_mask.layer_weight_grads = {true};
+  CHECK(message(good.view(), bad_mask).find("expected 2") != std::string::npos);
+  CHECK_THROWS_WITH_AS(parse_schedule("fast"), doctest::Contains("unknown schedule 'fast'"), error);
+}
