@@ -12,7 +12,8 @@
 //    rows once, computed `chunk` positions at a time, and the dK/dV accumulators).
 //  - backward_chunk(be, seq, x, dy, c0, c1, dx, mode): backward of positions [c0, c1) of every
 //    sequence; called for chunks from last to first. Writes dx rows of those positions (when
-//    mode.input_grad) and accumulates parameter gradients (when mode.weight_grads).
+//    mode.input_grad) and accumulates parameter gradients (when mode.weight_grads). dx may
+//    alias dy: a chunk reads its dy rows before it writes its dx rows.
 //  - end_backward(be): frees the backward state.
 #pragma once
 

@@ -105,6 +105,13 @@ struct backward_result {
   index_t lowest_layer = 0;               ///< lowest layer backpropagated (L: none)
 };
 
+/// Rows per streaming-head chunk such that a (rows, V) logits chunk is about the size of one
+/// layer chunk's MLP activations (B*chunk rows of 3 * intermediate_size), at least 64 rows.
+inline index_t default_head_chunk_rows(const model_config& cfg, index_t batch, index_t chunk) {
+  const index_t rows = batch * chunk * 3 * cfg.intermediate_size / cfg.vocab_size;
+  return std::max<index_t>(64, std::min(rows, batch * chunk));
+}
+
 namespace detail {
 
 template <Backend B>
@@ -206,9 +213,9 @@ backward_result compute_gradients(decoder_model<B>& model, const token_batch& ba
                          (opt.head == head_mode::automatic && opt.sched == schedule::stream);
   head_options hopt;
   hopt.temperature = opt.temperature;
-  hopt.chunk_rows = streaming ? (opt.head_chunk_rows > 0 ? opt.head_chunk_rows
-                                                         : std::min(rows, opt.chunk * seq.batch))
-                              : rows;
+  hopt.chunk_rows = !streaming                ? rows
+                    : opt.head_chunk_rows > 0 ? opt.head_chunk_rows
+                                              : default_head_chunk_rows(cfg, seq.batch, opt.chunk);
   buffer_t<B> dy;
   if (lowest < nl) dy = be.template allocate<T>(rows * d);  // (B*T, d)
   {
@@ -220,24 +227,22 @@ backward_result compute_gradients(decoder_model<B>& model, const token_batch& ba
   }
   if (opt.head_grad && opt.on_grads_ready) opt.on_grads_ready({grads_ready::kind::head, -1});
 
-  // Layers, top to bottom.
-  buffer_t<B> dx;
+  // Layers, top to bottom. dx aliases dy: a chunk reads its dy rows before writing its dx
+  // rows, and chunks are disjoint, so one (B*T, d) buffer carries the gradient down.
   for (index_t l = nl - 1; l >= lowest; --l) {
     auto& layer = layers[static_cast<std::size_t>(l)];
     const layer_grad_mode mode{needs(l), l > lowest || opt.embedding_grad};
     auto x = matrix_view<const T>(xs[static_cast<std::size_t>(l)].view(rows, d));
-    if (mode.input_grad && dx.empty()) dx = be.template allocate<T>(rows * d);  // (B*T, d)
     layer.begin_backward(be, seq, x, bwd_chunk, mode);
     const index_t chunks = (t + bwd_chunk - 1) / bwd_chunk;
     for (index_t j = chunks - 1; j >= 0; --j) {  // last chunk first
       const index_t c0 = j * bwd_chunk, c1 = std::min(t, c0 + bwd_chunk);
       layer.backward_chunk(be, seq, x, matrix_view<const T>(dy.view(rows, d)), c0, c1,
-                           mode.input_grad ? dx.view(rows, d) : matrix_view<T>{}, mode);
+                           mode.input_grad ? dy.view(rows, d) : matrix_view<T>{}, mode);
     }
     layer.end_backward(be);
     xs[static_cast<std::size_t>(l)].reset();
     if (mode.weight_grads && opt.on_grads_ready) opt.on_grads_ready({grads_ready::kind::layer, l});
-    if (mode.input_grad) std::swap(dx, dy);
   }
   if (opt.embedding_grad) {
     be.embedding_backward(matrix_view<const T>(dy.view(rows, d)), batch.input_ids,

@@ -1,0 +1,120 @@
+// tightfit/backend/meta.hpp: a backend that allocates and computes nothing but counts bytes.
+//
+// Every allocation is accounted in the memory_counter exactly as a real backend would, and
+// every kernel is a no-op, so running an algorithm on meta_backend<T> is a dry run that gives
+// its exact peak bytes in microseconds per call (like PyTorch's meta device). The memory
+// planner (stream/planner.hpp) uses it. Buffers hand out a fixed non-null address that is
+// never dereferenced: only the kernels of this backend see it, and they do nothing.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <utility>
+
+#include "tightfit/backend/concept.hpp"
+
+namespace tightfit {
+
+/// A counted allocation without storage.
+template <class U>
+class meta_buffer {
+ public:
+  meta_buffer() = default;
+  meta_buffer(memory_counter& counter, index_t count) : counter_(&counter), size_(count) {
+    check(count >= 0, "meta_buffer: element count is ", count, ", expected >= 0");
+    if (size_ > 0) counter_->on_allocate(bytes());
+  }
+  meta_buffer(meta_buffer&& o) noexcept
+      : counter_(std::exchange(o.counter_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  meta_buffer& operator=(meta_buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      counter_ = std::exchange(o.counter_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  meta_buffer(const meta_buffer&) = delete;
+  meta_buffer& operator=(const meta_buffer&) = delete;
+  ~meta_buffer() { release(); }
+
+  U* data() const { return size_ > 0 ? fake_address() : nullptr; }
+  index_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  std::span<U> span() const { return {data(), static_cast<std::size_t>(size_)}; }
+  matrix_view<U> view(index_t rows, index_t cols) const { return as_matrix(span(), rows, cols); }
+  tensor3_view<U> view(index_t batch, index_t rows, index_t cols) const {
+    return {data(), batch, rows, cols};
+  }
+  void reset() { release(); }
+
+ private:
+  static U* fake_address() {
+    return reinterpret_cast<U*>(std::uintptr_t{1} << 44);  // NOLINT: never dereferenced
+  }
+  std::size_t bytes() const { return static_cast<std::size_t>(size_) * sizeof(U); }
+  void release() {
+    if (size_ > 0) counter_->on_free(bytes());
+    size_ = 0;
+  }
+  memory_counter* counter_ = nullptr;
+  index_t size_ = 0;
+};
+
+/// The dry-run backend: counted allocations, no-op kernels.
+template <std::floating_point T>
+class meta_backend {
+ public:
+  using value_type = T;
+
+  memory_counter& memory() { return memory_; }
+  kernel_stats& stats() { return stats_; }
+  template <class U>
+  meta_buffer<U> allocate(index_t n) {
+    return meta_buffer<U>(memory_, n);
+  }
+
+  void upload(std::span<const T>, std::span<T>) {}
+  void download(std::span<const T>, std::span<T>) {}
+  void gemm(transpose, transpose, T, matrix_view<const T>, matrix_view<const T>, T,
+            matrix_view<T>) {}
+  void gemm_batched(transpose, transpose, T, tensor3_view<const T>, tensor3_view<const T>, T,
+                    tensor3_view<T>) {}
+  void axpy(T, matrix_view<const T>, matrix_view<T>) {}
+  void scale(T, matrix_view<T>) {}
+  void fill(matrix_view<T>, T) {}
+  void copy(matrix_view<const T>, matrix_view<T>) {}
+  void embedding_forward(matrix_view<const T>, std::span<const token_id>, matrix_view<T>) {}
+  void embedding_backward(matrix_view<const T>, std::span<const token_id>, matrix_view<T>) {}
+  void rmsnorm_forward(matrix_view<const T>, std::span<const T>, T, matrix_view<T>, std::span<T>) {}
+  void rmsnorm_backward(matrix_view<const T>, std::span<const T>, std::span<const T>,
+                        matrix_view<const T>, matrix_view<T>, std::span<T>) {}
+  void rope_forward(matrix_view<T>, index_t, index_t, index_t, double) {}
+  void rope_backward(matrix_view<T>, index_t, index_t, index_t, double) {}
+  void swiglu_forward(matrix_view<const T>, matrix_view<const T>, matrix_view<T>) {}
+  void swiglu_backward(matrix_view<const T>, matrix_view<const T>, matrix_view<const T>,
+                       matrix_view<T>, matrix_view<T>) {}
+  void attention_forward(attention_shape, matrix_view<const T>, matrix_view<const T>,
+                         matrix_view<const T>, index_t, index_t, T, matrix_view<T>,
+                         matrix_view<T>) {}
+  void attention_backward(attention_shape, matrix_view<const T>, matrix_view<const T>,
+                          matrix_view<const T>, matrix_view<const T>, matrix_view<const T>,
+                          matrix_view<const T>, index_t, index_t, T, matrix_view<T>, matrix_view<T>,
+                          matrix_view<T>) {}
+  void xent_forward(matrix_view<const T>, std::span<const token_id>, T, std::span<T>,
+                    std::span<T>) {}
+  void xent_backward(matrix_view<T>, std::span<const token_id>, std::span<const T>,
+                     std::span<const T>, T) {}
+  void adam_update(std::span<T>, std::span<const T>, std::span<T>, std::span<T>,
+                   const adam_hyper<T>&) {}
+  void sgd_update(std::span<T>, std::span<const T>, std::span<T>, const sgd_hyper<T>&) {}
+
+ private:
+  memory_counter memory_;
+  kernel_stats stats_;
+};
+
+static_assert(Backend<meta_backend<float>>);
+static_assert(Backend<meta_backend<double>>);
+
+}  // namespace tightfit

@@ -1,0 +1,102 @@
+// tightfit/stream/planner.hpp: the memory planner. For a model config, batch size B, sequence
+// length T and a byte budget: the peak activation bytes of each schedule, the largest chunk
+// that fits (stream), and the largest T each schedule can reach.
+//
+// The prediction is a dry run of compute_gradients on meta_backend (every allocation counted
+// exactly as on a real backend, no kernel run), so it tracks the code instead of a formula;
+// each dry run costs O(layers * chunks) no-op calls. "Activation bytes" are the bytes
+// allocated inside compute_gradients (parameters and their gradients are not included: the
+// budget is what is left for activations).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+#include "tightfit/backend/meta.hpp"
+#include "tightfit/loss/sft.hpp"
+#include "tightfit/stream/backward.hpp"
+
+namespace tightfit {
+
+/// Exact peak activation bytes of one compute_gradients call with value type T.
+template <std::floating_point T>
+std::size_t predict_peak_activation_bytes(const model_config& config, index_t batch,
+                                          index_t seq_len, const backward_options& options) {
+  meta_backend<T> be;
+  decoder_model<meta_backend<T>> model(be, config);
+  const auto rows = static_cast<std::size_t>(batch * seq_len);
+  std::vector<token_id> ids(rows, 0), targets(rows, 0);
+  sft_loss loss;
+  backward_options o = options;
+  o.on_grads_ready = nullptr;
+  return compute_gradients(model, token_batch{batch, seq_len, ids, targets, {}}, loss, o)
+      .peak_activation_bytes;
+}
+
+struct plan_result {
+  std::size_t budget_bytes = 0;
+  index_t chunk = 0;                 ///< largest power-of-two chunk whose peak fits (0: none)
+  std::size_t chunk_peak_bytes = 0;  ///< predicted peak with that chunk
+  index_t max_seq_full = 0;          ///< largest T that fits, per schedule (0: none)
+  index_t max_seq_checkpoint = 0;
+  index_t max_seq_stream = 0;  ///< with chunk `stream_chunk`
+  index_t stream_chunk = 0;
+};
+
+namespace detail {
+/// Largest T in [1, limit] with fits(T) (fits is monotone in T), 0 when fits(1) fails.
+template <class Fits>
+index_t largest_fitting(index_t limit, Fits&& fits) {
+  if (!fits(1)) return 0;
+  index_t lo = 1, hi = 2;
+  while (hi <= limit && fits(hi)) {
+    lo = hi;
+    hi *= 2;
+  }
+  hi = std::min(hi, limit + 1);  // fits(lo), !fits(hi) or hi past the limit
+  while (hi - lo > 1) {
+    const index_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+}  // namespace detail
+
+/// The planner: largest power-of-two chunk (<= T) whose stream peak fits the budget at T, and
+/// the largest T per schedule (stream with `stream_chunk`, default 512 or the chosen chunk),
+/// searched up to max_seq.
+template <std::floating_point T>
+plan_result plan_memory(const model_config& config, index_t batch, index_t seq_len,
+                        std::size_t budget_bytes, index_t stream_chunk = 0,
+                        index_t max_seq = index_t{1} << 22) {
+  config.validate();
+  check(batch >= 1, "plan_memory: batch is ", batch, ", expected >= 1");
+  check(seq_len >= 1, "plan_memory: sequence length is ", seq_len, ", expected >= 1");
+  plan_result r;
+  r.budget_bytes = budget_bytes;
+  auto peak = [&](schedule s, index_t t, index_t chunk) {
+    backward_options o;
+    o.sched = s;
+    o.chunk = chunk;
+    return predict_peak_activation_bytes<T>(config, batch, t, o);
+  };
+  for (index_t c = 1; c <= seq_len; c *= 2) {
+    const std::size_t p = peak(schedule::stream, seq_len, c);
+    if (p > budget_bytes) break;
+    r.chunk = c;
+    r.chunk_peak_bytes = p;
+    if (c > seq_len / 2) break;
+  }
+  r.stream_chunk = stream_chunk > 0 ? stream_chunk : std::max<index_t>(r.chunk, 512);
+  r.max_seq_full = detail::largest_fitting(
+      max_seq, [&](index_t t) { return peak(schedule::full, t, t) <= budget_bytes; });
+  r.max_seq_checkpoint = detail::largest_fitting(
+      max_seq, [&](index_t t) { return peak(schedule::checkpoint, t, t) <= budget_bytes; });
+  r.max_seq_stream = detail::largest_fitting(max_seq, [&](index_t t) {
+    return peak(schedule::stream, t, r.stream_chunk) <= budget_bytes;
+  });
+  return r;
+}
+
+}  // namespace tightfit
