@@ -269,3 +269,36 @@ TEST_CASE("bad input gets a clear error") {
   CHECK(message(good.view(), bad_mask).find("expected 2") != std::string::npos);
   CHECK_THROWS_WITH_AS(parse_schedule("fast"), doctest::Contains("unknown schedule 'fast'"), error);
 }
+
+TEST_CASE("lazy layer gradients: one layer's gradients at a time, same values") {
+  const auto cfg = tiny_config(4, 2, true, false, 3);
+  const random_batch batch(2, 9, cfg.vocab_size, {9, 6}, 8);
+  const auto eager = run(cfg, batch, with(schedule::stream, 4));
+  ref be;
+  decoder_model<ref> model(be, cfg);
+  model.init_random(7, 0.3, 0.2);
+  sft_loss loss;
+  auto o = with(schedule::stream, 4);
+  o.lazy_layer_grads = true;
+  auto& params = model.parameters();
+  std::vector<std::vector<double>> captured(params.size());
+  std::size_t most_layers_with_grads = 0;
+  o.on_grads_ready = [&](const grads_ready& g) {
+    if (g.what != grads_ready::kind::layer) return;
+    std::size_t layers_with_grads = 0;
+    for (index_t l = 0; l < cfg.num_hidden_layers; ++l)
+      if (params.has_grad(model.layer_param_ids(l).front())) ++layers_with_grads;
+    most_layers_with_grads = std::max(most_layers_with_grads, layers_with_grads);
+    for (auto id : model.layer_param_ids(g.layer)) {
+      captured[id].assign(params.grad(id).begin(), params.grad(id).end());
+      params.release_grad(id);
+    }
+  };
+  compute_gradients(model, batch.view(), loss, o);
+  CHECK(most_layers_with_grads == 1);
+  for (index_t l = 0; l < cfg.num_hidden_layers; ++l)
+    for (auto id : model.layer_param_ids(l)) {
+      CHECK_FALSE(params.has_grad(id));
+      CHECK(tightfit::testing::max_rel_diff(captured[id], eager.grads[id], 1e-12) < 1e-12);
+    }
+}

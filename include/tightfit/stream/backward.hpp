@@ -70,6 +70,10 @@ struct backward_options {
   std::vector<bool> layer_weight_grads;   ///< per layer; empty: every layer
   bool embedding_grad = true;             ///< gradient of model.embed_tokens.weight
   bool head_grad = true;                  ///< gradients of model.norm and lm_head
+  /// Allocate a layer's gradient buffers right before its backward instead of up front (they
+  /// then count as activation bytes). With on_grads_ready releasing them (BREAD-SGD, LOMO,
+  /// low-rank projections), only one layer's gradients exist at a time.
+  bool lazy_layer_grads = false;
   std::function<void(const grads_ready&)> on_grads_ready;  ///< optimizers, communicators
 };
 
@@ -178,9 +182,12 @@ backward_result compute_gradients(decoder_model<B>& model, const token_batch& ba
   if (opt.head_grad)
     for (auto id : model.head_param_ids()) params.allocate_grad(id);
   if (opt.embedding_grad) params.allocate_grad(model.embed_id());
-  for (index_t l = 0; l < nl; ++l)
-    if (needs(l))
-      for (auto id : model.layer_param_ids(l)) params.allocate_grad(id);
+  auto allocate_layer_grads = [&](index_t l) {
+    for (auto id : model.layer_param_ids(l)) params.allocate_grad(id);
+  };
+  if (!opt.lazy_layer_grads)
+    for (index_t l = 0; l < nl; ++l)
+      if (needs(l)) allocate_layer_grads(l);
 
   backward_result result;
   result.lowest_layer = lowest;
@@ -233,6 +240,7 @@ backward_result compute_gradients(decoder_model<B>& model, const token_batch& ba
     auto& layer = layers[static_cast<std::size_t>(l)];
     const layer_grad_mode mode{needs(l), l > lowest || opt.embedding_grad};
     auto x = matrix_view<const T>(xs[static_cast<std::size_t>(l)].view(rows, d));
+    if (mode.weight_grads && opt.lazy_layer_grads) allocate_layer_grads(l);
     layer.begin_backward(be, seq, x, bwd_chunk, mode);
     const index_t chunks = (t + bwd_chunk - 1) / bwd_chunk;
     for (index_t j = chunks - 1; j >= 0; --j) {  // last chunk first
