@@ -138,6 +138,18 @@ void validate_batch(const decoder_model<B>& model, const token_batch& batch) {
   }
 }
 
+/// The targets with padded positions (t >= length(b)) set to ignore_index.
+inline std::vector<token_id> masked_targets(const token_batch& batch) {
+  std::vector<token_id> targets(batch.targets.begin(), batch.targets.end());
+  for (index_t b = 0; b < batch.batch; ++b) {
+    const index_t len =
+        batch.lengths.empty() ? batch.seq_len : batch.lengths[static_cast<std::size_t>(b)];
+    for (index_t p = len; p < batch.seq_len; ++p)
+      targets[static_cast<std::size_t>(b * batch.seq_len + p)] = ignore_index;
+  }
+  return targets;
+}
+
 }  // namespace detail
 
 /// Loss and parameter gradients of `model` on `batch` under `objective` (see the top comment).
@@ -159,10 +171,7 @@ backward_result compute_gradients(decoder_model<B>& model, const token_batch& ba
   const index_t t = seq.seq_len, rows = seq.rows();
 
   // Targets at padded positions never count.
-  std::vector<token_id> targets(batch.targets.begin(), batch.targets.end());
-  for (index_t b = 0; b < seq.batch; ++b)
-    for (index_t p = seq.length(b); p < t; ++p)
-      targets[static_cast<std::size_t>(b * t + p)] = ignore_index;
+  const std::vector<token_id> targets = detail::masked_targets(batch);
   const token_layout layout{seq.batch, t, targets, batch.lengths};
 
   // Which layers need weight gradients, and how far down backprop must go.

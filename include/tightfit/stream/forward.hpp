@@ -1,0 +1,63 @@
+// tightfit/stream/forward.hpp: forward-only passes with the streaming memory bound: the final
+// hidden states and per-token label log-probs of a model (for lp_old / lp_ref of GRPO, the
+// reference sums of DPO, evaluation). Layers run `chunk` positions at a time and keep nothing;
+// only the current layer's input and output (B*T, d) exist; the head streams over row chunks.
+#pragma once
+
+#include <vector>
+
+#include "tightfit/stream/backward.hpp"
+#include "tightfit/stream/head.hpp"
+
+namespace tightfit {
+
+struct forward_options {
+  index_t chunk = 512;          ///< positions per layer chunk
+  index_t head_chunk_rows = 0;  ///< rows per head chunk; 0: default_head_chunk_rows
+  double temperature = 1.0;
+};
+
+/// Per-token label log-probs (B*T): log softmax(z_t / tau)[target_t], 0 where the target is
+/// ignored or the position is padding.
+template <Backend B>
+std::vector<double> model_logprobs(decoder_model<B>& model, const token_batch& batch,
+                                   const forward_options& opt = {}) {
+  using T = typename B::value_type;
+  detail::validate_batch(model, batch);
+  check(opt.chunk >= 1, "model_logprobs: chunk is ", opt.chunk, ", expected >= 1");
+  B& be = model.backend();
+  const auto& cfg = model.config();
+  const sequence_batch seq{batch.batch, batch.seq_len, batch.lengths};
+  const index_t rows = seq.rows(), d = cfg.hidden_size;
+  auto x = be.template allocate<T>(rows * d);  // (B*T, d)
+  be.embedding_forward(
+      as_matrix(std::span<const T>(model.parameters().value(model.embed_id())), cfg.vocab_size, d),
+      batch.input_ids, x.view(rows, d));
+  for (auto& layer : model.layers()) {
+    auto y = be.template allocate<T>(rows * d);  // (B*T, d)
+    layer.forward(be, seq, matrix_view<const T>(x.view(rows, d)), y.view(rows, d), opt.chunk,
+                  false);
+    x = std::move(y);
+  }
+  const auto targets = detail::masked_targets(batch);
+  const token_layout layout{seq.batch, seq.seq_len, targets, batch.lengths};
+  head_options hopt;
+  hopt.temperature = opt.temperature;
+  hopt.chunk_rows = opt.head_chunk_rows > 0
+                        ? opt.head_chunk_rows
+                        : default_head_chunk_rows(cfg, seq.batch, std::min(opt.chunk, seq.seq_len));
+  return token_logprobs(model, matrix_view<const T>(x.view(rows, d)), layout, hopt);
+}
+
+/// Per-sequence sums of the counted label log-probs (B): sum_t lp_t over non-ignored targets.
+template <Backend B>
+std::vector<double> sequence_logprob_sums(decoder_model<B>& model, const token_batch& batch,
+                                          const forward_options& opt = {}) {
+  const auto lp = model_logprobs(model, batch, opt);
+  std::vector<double> sums(static_cast<std::size_t>(batch.batch), 0.0);
+  for (index_t r = 0; r < batch.batch * batch.seq_len; ++r)
+    sums[static_cast<std::size_t>(r / batch.seq_len)] += lp[static_cast<std::size_t>(r)];
+  return sums;
+}
+
+}  // namespace tightfit
