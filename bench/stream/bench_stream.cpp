@@ -6,6 +6,7 @@
 //
 //   bench_stream [--seq 2048,4096,8192,16384] [--schedules full,checkpoint,stream]
 //                [--chunk 512] [--batch 1] [--preset qwen3-bench|small] [--csv FILE]
+//                [--objective sft|grpo|dpo]  (dpo: the batch holds B/2 chosen, B/2 rejected)
 //                [--compare]   (in-process: also the largest gradient difference to full)
 #include <sys/resource.h>
 #include <unistd.h>
@@ -20,6 +21,8 @@
 #include <vector>
 
 #include "tightfit/backend/eigen.hpp"
+#include "tightfit/loss/dpo.hpp"
+#include "tightfit/loss/grpo.hpp"
 #include "tightfit/loss/sft.hpp"
 #include "tightfit/stream/backward.hpp"
 #include "tightfit/stream/planner.hpp"
@@ -95,10 +98,10 @@ double gemm_gflops() {
 }
 
 struct row {
-  std::string sched;
+  std::string sched, objective = "sft";
   index_t seq = 0, chunk = 0;
   double peak_bytes = 0, predicted_bytes = 0, rss_mib = 0, fwd_s = 0, total_s = 0, flops = 0,
-         loss = 0, max_grad_diff = -1;
+         loss = 0, max_grad_diff = -1, stats_s = 0;
 };
 
 struct batch_data {
@@ -113,17 +116,52 @@ batch_data make_batch(index_t batch, index_t seq, index_t vocab) {
   return d;
 }
 
+/// Runs one objective: SFT; GRPO with advantages, old and reference log-probs (beta 0.04);
+/// DPO with the first half of the batch chosen and the second half rejected.
+template <class Run>
+backward_result with_objective(const std::string& name, index_t batch, index_t seq, Run&& run) {
+  const auto rows = static_cast<std::size_t>(batch * seq);
+  if (name == "sft") {
+    sft_loss loss;
+    return run(loss);
+  }
+  if (name == "grpo") {
+    std::vector<double> adv(static_cast<std::size_t>(batch)), old(rows, -10.4), refp(rows, -10.5);
+    for (std::size_t b = 0; b < adv.size(); ++b) adv[b] = b % 2 == 0 ? 1.0 : -0.5;
+    grpo_options o;
+    o.beta = 0.04;
+    grpo_loss loss(adv, old, refp, o);
+    return run(loss);
+  }
+  if (name == "dpo") {
+    check(batch % 2 == 0, "bench_stream: dpo needs an even batch (pairs), got ", batch);
+    std::vector<index_t> chosen, rejected;
+    for (index_t p = 0; p < batch / 2; ++p) {
+      chosen.push_back(p);
+      rejected.push_back(p + batch / 2);
+    }
+    std::vector<double> ref_w(chosen.size(), -10.0 * double(seq)),
+        ref_l(chosen.size(), -10.0 * double(seq));
+    dpo_loss loss(chosen, rejected, ref_w, ref_l);
+    return run(loss);
+  }
+  fail("unknown objective '", name, "', expected sft, grpo or dpo");
+}
+
 row measure(decoder_model<backend>& model, const batch_data& data, index_t batch, index_t seq,
-            schedule s, index_t chunk) {
+            schedule s, index_t chunk, const std::string& objective = "sft") {
   auto& be = model.backend();
   model.parameters().zero_grads();
   be.stats().reset();
-  sft_loss loss;
   backward_options o;
   o.sched = s;
   o.chunk = chunk;
-  const auto r = compute_gradients(model, {batch, seq, data.ids, data.targets, {}}, loss, o);
+  const auto r = with_objective(objective, batch, seq, [&](auto& loss) {
+    return compute_gradients(model, {batch, seq, data.ids, data.targets, {}}, loss, o);
+  });
   row out;
+  out.objective = objective;
+  out.stats_s = r.statistics_seconds;
   out.sched = to_string(s);
   out.seq = seq;
   out.chunk = r.chunk;
@@ -144,11 +182,12 @@ void print_header() {
 }
 void print_row(const row& r, index_t batch, double gemm) {
   const double gf = r.flops / r.total_s / 1e9;
-  std::printf("%-10s %6lld %6lld %10.1f %10.1f %8.0f %9.1f %8.2f %8.2f %8.2f %7.1f %6.0f%%",
-              r.sched.c_str(), static_cast<long long>(r.seq), static_cast<long long>(r.chunk),
-              r.peak_bytes / 1048576.0, r.predicted_bytes / 1048576.0,
-              r.peak_bytes / double(r.seq * batch), r.rss_mib, r.fwd_s, r.total_s - r.fwd_s,
-              r.total_s, gf, 100.0 * gf / gemm);
+  std::printf(
+      "%-5s %-10s %6lld %6lld %10.1f %10.1f %8.0f %9.1f %8.2f %8.2f %8.2f %8.2f %7.1f %6.0f%%",
+      r.objective.c_str(), r.sched.c_str(), static_cast<long long>(r.seq),
+      static_cast<long long>(r.chunk), r.peak_bytes / 1048576.0, r.predicted_bytes / 1048576.0,
+      r.peak_bytes / double(r.seq * batch), r.rss_mib, r.fwd_s, r.total_s - r.fwd_s, r.stats_s,
+      r.total_s, gf, 100.0 * gf / gemm);
   if (r.max_grad_diff >= 0) std::printf("  max|dgrad|/max|g| vs full: %.2e", r.max_grad_diff);
   std::printf("\n");
   std::fflush(stdout);
@@ -158,7 +197,7 @@ void print_row(const row& r, index_t batch, double gemm) {
 
 int main(int argc, char** argv) {
   std::string seqs = "2048,4096,8192,16384", scheds = "full,checkpoint,stream",
-              preset_name = "qwen3-bench", csv;
+              preset_name = "qwen3-bench", csv, objective = "sft";
   index_t chunk = 512, batch = 1;
   bool single = false, compare = false;
   for (int i = 1; i < argc; ++i) {
@@ -182,6 +221,8 @@ int main(int argc, char** argv) {
       preset_name = next();
     else if (a == "--csv")
       csv = next();
+    else if (a == "--objective")
+      objective = next();
     else if (a == "--single")
       single = true;
     else if (a == "--compare")
@@ -189,7 +230,8 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: bench_stream [--seq LIST] [--schedules LIST] [--chunk N] "
-                   "[--batch B] [--preset qwen3-bench|small] [--csv FILE] [--compare]\n");
+                   "[--batch B] [--preset qwen3-bench|small] [--csv FILE] [--compare] "
+                   "[--objective sft|grpo|dpo]\n");
       return 2;
     }
   }
@@ -201,10 +243,10 @@ int main(int argc, char** argv) {
       model.init_random(1);
       const index_t seq = parse_list(seqs).at(0);
       const auto data = make_batch(batch, seq, cfg.vocab_size);
-      const row r = measure(model, data, batch, seq, parse_schedule(scheds), chunk);
-      std::printf("ROW %s %lld %lld %.0f %.0f %.3f %.6f %.6f %.6e %.8f\n", r.sched.c_str(),
+      const row r = measure(model, data, batch, seq, parse_schedule(scheds), chunk, objective);
+      std::printf("ROW %s %lld %lld %.0f %.0f %.3f %.6f %.6f %.6e %.8f %.6f\n", r.sched.c_str(),
                   static_cast<long long>(r.seq), static_cast<long long>(r.chunk), r.peak_bytes,
-                  r.predicted_bytes, r.rss_mib, r.fwd_s, r.total_s, r.flops, r.loss);
+                  r.predicted_bytes, r.rss_mib, r.fwd_s, r.total_s, r.flops, r.loss, r.stats_s);
       return 0;
     }
     const double gemm = gemm_gflops();
@@ -228,7 +270,7 @@ int main(int argc, char** argv) {
         const auto data = make_batch(batch, seq, cfg.vocab_size);
         std::vector<std::vector<float>> reference;
         for (const auto& name : parse_names(scheds)) {
-          row r = measure(model, data, batch, seq, parse_schedule(name), chunk);
+          row r = measure(model, data, batch, seq, parse_schedule(name), chunk, objective);
           auto& p = model.parameters();
           std::vector<std::vector<float>> grads;
           for (std::size_t i = 0; i < p.size(); ++i)
@@ -253,7 +295,7 @@ int main(int argc, char** argv) {
         std::string cmd = "'/proc/" + std::to_string(getpid()) + "/exe' --single --seq " +
                           std::to_string(seq) + " --schedules " + name + " --chunk " +
                           std::to_string(chunk) + " --batch " + std::to_string(batch) +
-                          " --preset " + preset_name;
+                          " --preset " + preset_name + " --objective " + objective;
         FILE* child = popen(cmd.c_str(), "r");
         check(child != nullptr, "bench_stream: cannot run ", cmd);
         char line[512];
@@ -262,9 +304,10 @@ int main(int argc, char** argv) {
         while (std::fgets(line, sizeof line, child) != nullptr) {
           char sched[32];
           long long t = 0, c = 0;
-          if (std::sscanf(line, "ROW %31s %lld %lld %lf %lf %lf %lf %lf %lf %lf", sched, &t, &c,
+          if (std::sscanf(line, "ROW %31s %lld %lld %lf %lf %lf %lf %lf %lf %lf %lf", sched, &t, &c,
                           &r.peak_bytes, &r.predicted_bytes, &r.rss_mib, &r.fwd_s, &r.total_s,
-                          &r.flops, &r.loss) == 10) {
+                          &r.flops, &r.loss, &r.stats_s) == 11) {
+            r.objective = objective;
             r.sched = sched;
             r.seq = t;
             r.chunk = c;
@@ -287,11 +330,12 @@ int main(int argc, char** argv) {
                    "bytes_per_token,peak_rss_mib,forward_s,backward_s,total_s,gflops,"
                    "gemm_gflops,loss\n");
       for (const auto& r : rows)
-        std::fprintf(f, "%s,%lld,%lld,%lld,%.0f,%.0f,%.1f,%.1f,%.4f,%.4f,%.4f,%.2f,%.2f,%.8f\n",
-                     r.sched.c_str(), static_cast<long long>(r.seq),
-                     static_cast<long long>(r.chunk), static_cast<long long>(batch), r.peak_bytes,
-                     r.predicted_bytes, r.peak_bytes / double(r.seq * batch), r.rss_mib, r.fwd_s,
-                     r.total_s - r.fwd_s, r.total_s, r.flops / r.total_s / 1e9, gemm, r.loss);
+        std::fprintf(
+            f, "%s,%s,%lld,%lld,%lld,%.0f,%.0f,%.1f,%.1f,%.4f,%.4f,%.4f,%.2f,%.2f,%.8f,%.4f\n",
+            r.objective.c_str(), r.sched.c_str(), static_cast<long long>(r.seq),
+            static_cast<long long>(r.chunk), static_cast<long long>(batch), r.peak_bytes,
+            r.predicted_bytes, r.peak_bytes / double(r.seq * batch), r.rss_mib, r.fwd_s,
+            r.total_s - r.fwd_s, r.total_s, r.flops / r.total_s / 1e9, gemm, r.loss, r.stats_s);
       std::fclose(f);
       std::printf("wrote %s\n", csv.c_str());
     }

@@ -105,6 +105,8 @@ struct backward_result {
   std::size_t peak_bytes = 0;             ///< peak of all counted bytes (params, grads too)
   double seconds = 0;                     ///< wall time of forward + backward
   double forward_seconds = 0;             ///< of which the layers' forward
+  double head_seconds = 0;                ///< of which the head (all its passes)
+  double statistics_seconds = 0;          ///< of which a two-pass objective's statistics pass
   index_t chunk = 0;                      ///< positions per chunk actually used
   index_t lowest_layer = 0;               ///< lowest layer backpropagated (L: none)
 };
@@ -235,10 +237,12 @@ backward_result compute_gradients(decoder_model<B>& model, const token_batch& ba
   buffer_t<B> dy;
   if (lowest < nl) dy = be.template allocate<T>(rows * d);  // (B*T, d)
   {
+    const auto head_start = clock::now();
     auto hidden = xs[static_cast<std::size_t>(nl)].view(rows, d);
-    result.loss =
-        lm_head_backward(model, matrix_view<const T>(hidden), layout, objective, hopt,
-                         lowest < nl ? dy.view(rows, d) : matrix_view<T>{}, opt.head_grad);
+    result.loss = lm_head_backward(model, matrix_view<const T>(hidden), layout, objective, hopt,
+                                   lowest < nl ? dy.view(rows, d) : matrix_view<T>{}, opt.head_grad,
+                                   &result.statistics_seconds);
+    result.head_seconds = std::chrono::duration<double>(clock::now() - head_start).count();
     xs[static_cast<std::size_t>(nl)].reset();
   }
   if (opt.head_grad && opt.on_grads_ready) opt.on_grads_ready({grads_ready::kind::head, -1});

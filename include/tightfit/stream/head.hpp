@@ -9,6 +9,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <vector>
 
 #include "tightfit/backend/concept.hpp"
@@ -85,11 +86,13 @@ std::vector<double> token_logprobs(decoder_model<B>& model,
 /// The head's gradient pass (after the objective's statistics pass when it has one).
 /// dhidden (B*T, d): the final-norm backward ADDS into it (empty view: not needed).
 /// weight_grads: accumulate into the gradients of lm_head (or the tied embedding) and the
-/// final norm, which must be allocated. Returns the loss.
+/// final norm, which must be allocated. Returns the loss; statistics_seconds (optional)
+/// receives the wall time of the objective's statistics pass.
 template <Backend B, Objective O>
 double lm_head_backward(decoder_model<B>& model, matrix_view<const typename B::value_type> hidden,
                         const token_layout& layout, O& objective, const head_options& opt,
-                        matrix_view<typename B::value_type> dhidden, bool weight_grads) {
+                        matrix_view<typename B::value_type> dhidden, bool weight_grads,
+                        double* statistics_seconds = nullptr) {
   using T = typename B::value_type;
   B& be = model.backend();
   const auto& cfg = model.config();
@@ -97,12 +100,16 @@ double lm_head_backward(decoder_model<B>& model, matrix_view<const typename B::v
   auto& params = model.parameters();
   objective.begin(layout);
   if (objective.statistics_pass()) {
+    const auto start = std::chrono::steady_clock::now();
     detail::head_chunks(model, hidden, layout, opt,
                         [&](index_t r0, index_t, auto&, auto&, auto&, auto&, auto lp) {
                           const auto lpd = detail::to_double(lp);
                           objective.statistics(layout, r0, std::span<const double>(lpd));
                         });
     objective.end_statistics(layout);
+    if (statistics_seconds != nullptr)
+      *statistics_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   const bool need_dh = !dhidden.empty();
   if (need_dh) {
