@@ -1,0 +1,133 @@
+// Compile-only checks that every shipped backend satisfies Backend, that parameter_set
+// satisfies ParameterSet, that near-misses do not, and that the minimal user backend shown in
+// docs/concepts.md compiles.
+#include <doctest/doctest.h>
+
+#include <vector>
+
+#include "tightfit/backend/concept.hpp"
+#include "tightfit/backend/reference.hpp"
+#include "tightfit/nn/parameters.hpp"
+
+#if __has_include(<Eigen/Core>) && __has_include("tightfit/backend/eigen.hpp")
+#include "tightfit/backend/eigen.hpp"
+#define TIGHTFIT_TEST_EIGEN 1
+#endif
+
+using namespace tightfit;
+
+// ---- shipped backends ---------------------------------------------------------------------
+static_assert(Backend<reference_backend<float>>);
+static_assert(Backend<reference_backend<double>>);
+static_assert(ParameterSet<parameter_set<reference_backend<double>>>);
+static_assert(ParameterSet<parameter_set<reference_backend<float>>>);
+#ifdef TIGHTFIT_TEST_EIGEN
+static_assert(Backend<eigen_backend<float>>);
+static_assert(Backend<eigen_backend<double>>);
+static_assert(ParameterSet<parameter_set<eigen_backend<double>>>);
+#endif
+
+// ---- the minimal user backend of docs/concepts.md (keep the two in sync) ------------------
+// A backend whose gemm goes to your BLAS; every other kernel comes from the reference loops.
+struct my_blas_backend : tightfit::reference_backend<double> {
+  void gemm(tightfit::transpose ta, tightfit::transpose tb, double alpha,
+            tightfit::matrix_view<const double> a, tightfit::matrix_view<const double> b,
+            double beta, tightfit::matrix_view<double> c) {
+    ++gemm_calls_to_my_blas;
+    // cblas_dgemm(CblasRowMajor, ...) would go here; this sketch reuses the reference loops.
+    reference_backend::gemm(ta, tb, alpha, a, b, beta, c);
+  }
+  int gemm_calls_to_my_blas = 0;
+};
+static_assert(tightfit::Backend<my_blas_backend>);
+static_assert(ParameterSet<parameter_set<my_blas_backend>>);
+
+// ---- near-misses that must NOT satisfy Backend --------------------------------------------
+namespace {
+
+// attention_backward without the dV output (a plausible mistake): the required call does not
+// compile, so the type is not a Backend.
+struct missing_dv_backend : reference_backend<double> {
+  void attention_backward(const attention_shape&, matrix_view<const double>,
+                          matrix_view<const double>, matrix_view<const double>,
+                          matrix_view<const double>, matrix_view<const double>,
+                          matrix_view<const double>, index_t, index_t, double, matrix_view<double>,
+                          matrix_view<double>) {}
+};
+
+// A backend over an integer type.
+struct int_backend {
+  using value_type = int;
+};
+
+// Every kernel except attention_backward, by forwarding (a type that derives nothing).
+struct no_attention_backward {
+  using value_type = double;
+  reference_backend<double> impl;
+  memory_counter& memory() { return impl.memory(); }
+  kernel_stats& stats() { return impl.stats(); }
+  template <class U>
+  host_buffer<U> allocate(index_t n) {
+    return impl.allocate<U>(n);
+  }
+  template <class... A>
+  void upload(A&&... a) {
+    impl.upload(a...);
+  }
+  template <class... A>
+  void download(A&&... a) {
+    impl.download(a...);
+  }
+#define TIGHTFIT_FORWARD(name) \
+  template <class... A>        \
+  void name(A&&... a) {        \
+    impl.name(a...);           \
+  }
+  TIGHTFIT_FORWARD(gemm)
+  TIGHTFIT_FORWARD(gemm_batched)
+  TIGHTFIT_FORWARD(axpy)
+  TIGHTFIT_FORWARD(scale)
+  TIGHTFIT_FORWARD(fill)
+  TIGHTFIT_FORWARD(copy)
+  TIGHTFIT_FORWARD(embedding_forward)
+  TIGHTFIT_FORWARD(embedding_backward)
+  TIGHTFIT_FORWARD(rmsnorm_forward)
+  TIGHTFIT_FORWARD(rmsnorm_backward)
+  TIGHTFIT_FORWARD(rope_forward)
+  TIGHTFIT_FORWARD(rope_backward)
+  TIGHTFIT_FORWARD(swiglu_forward)
+  TIGHTFIT_FORWARD(swiglu_backward)
+  TIGHTFIT_FORWARD(attention_forward)
+  TIGHTFIT_FORWARD(xent_forward)
+  TIGHTFIT_FORWARD(xent_backward)
+  TIGHTFIT_FORWARD(adam_update)
+  TIGHTFIT_FORWARD(sgd_update)
+#undef TIGHTFIT_FORWARD
+};
+
+// The same forwarding type with attention_backward added satisfies Backend: proves that the
+// failure above is due to the missing kernel alone.
+struct with_attention_backward : no_attention_backward {
+  template <class... A>
+  void attention_backward(A&&... a) {
+    impl.attention_backward(a...);
+  }
+};
+
+}  // namespace
+
+static_assert(!Backend<missing_dv_backend>);
+static_assert(!Backend<int_backend>);
+static_assert(!Backend<no_attention_backward>);
+static_assert(Backend<with_attention_backward>);
+static_assert(!Backend<int>);
+
+TEST_CASE("the minimal user backend routes gemm through its own function") {
+  my_blas_backend be;
+  std::vector<double> a = {1, 2, 3, 4}, c(4);
+  be.gemm(transpose::no, transpose::yes, 1.0, matrix_view<const double>(a.data(), 2, 2),
+          matrix_view<const double>(a.data(), 2, 2), 0.0, matrix_view<double>(c.data(), 2, 2));
+  CHECK(be.gemm_calls_to_my_blas == 1);
+  CHECK(c[1] == 1 * 3 + 2 * 4);  // (A A^T)(0, 1)
+  CHECK(be.stats().gemm_calls == 1);
+}
