@@ -64,7 +64,7 @@ index_t largest_fitting(index_t limit, Fits&& fits) {
 }  // namespace detail
 
 /// The planner: largest power-of-two chunk (<= T) whose stream peak fits the budget at T, and
-/// the largest T per schedule (stream with `stream_chunk`, default 512 or the chosen chunk),
+/// the largest T per schedule (stream with `stream_chunk`, default 512),
 /// searched up to max_seq.
 template <std::floating_point T>
 plan_result plan_memory(const model_config& config, index_t batch, index_t seq_len,
@@ -88,7 +88,7 @@ plan_result plan_memory(const model_config& config, index_t batch, index_t seq_l
     r.chunk_peak_bytes = p;
     if (c > seq_len / 2) break;
   }
-  r.stream_chunk = stream_chunk > 0 ? stream_chunk : std::max<index_t>(r.chunk, 512);
+  r.stream_chunk = stream_chunk > 0 ? stream_chunk : 512;
   r.max_seq_full = detail::largest_fitting(
       max_seq, [&](index_t t) { return peak(schedule::full, t, t) <= budget_bytes; });
   r.max_seq_checkpoint = detail::largest_fitting(

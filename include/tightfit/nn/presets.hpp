@@ -1,0 +1,80 @@
+// tightfit/nn/presets.hpp: named model configurations: the benchmark config of the StreamBP
+// issue and the shapes of public Llama / Qwen3 checkpoints (for the planner; no weights).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "tightfit/core/error.hpp"
+#include "tightfit/nn/config.hpp"
+
+namespace tightfit {
+
+/// The names preset_config accepts.
+inline std::vector<std::string> preset_names() {
+  return {"qwen3-bench", "small", "qwen3-0.6b", "qwen3-4b", "qwen3-8b", "llama3-8b"};
+}
+
+/// A named configuration; an unknown name is an error listing the known ones.
+inline model_config preset_config(const std::string& name) {
+  model_config c;  // qwen3-bench: Qwen3-proportioned, small enough for a 2-core CPU
+  c.architecture = "Qwen3ForCausalLM";
+  c.vocab_size = 32768;
+  c.hidden_size = 512;
+  c.intermediate_size = 1536;
+  c.num_hidden_layers = 8;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 2;
+  c.head_dim = 64;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 1e6;
+  c.qk_norm = true;
+  c.tie_word_embeddings = false;
+  auto qwen3 = [&](index_t hidden, index_t inter, index_t layers, index_t heads, bool tied) {
+    c.vocab_size = 151936;
+    c.hidden_size = hidden;
+    c.intermediate_size = inter;
+    c.num_hidden_layers = layers;
+    c.num_attention_heads = heads;
+    c.num_key_value_heads = 8;
+    c.head_dim = 128;
+    c.tie_word_embeddings = tied;
+  };
+  if (name == "qwen3-bench") return c;
+  if (name == "small") {
+    c.num_hidden_layers = 4;
+    c.vocab_size = 8192;
+    return c;
+  }
+  if (name == "qwen3-0.6b") {
+    qwen3(1024, 3072, 28, 16, true);
+    return c;
+  }
+  if (name == "qwen3-4b") {
+    qwen3(2560, 9728, 36, 32, true);
+    return c;
+  }
+  if (name == "qwen3-8b") {
+    qwen3(4096, 12288, 36, 32, false);
+    return c;
+  }
+  if (name == "llama3-8b") {
+    c.architecture = "LlamaForCausalLM";
+    c.vocab_size = 128256;
+    c.hidden_size = 4096;
+    c.intermediate_size = 14336;
+    c.num_hidden_layers = 32;
+    c.num_attention_heads = 32;
+    c.num_key_value_heads = 8;
+    c.head_dim = 128;
+    c.rms_norm_eps = 1e-5;
+    c.rope_theta = 500000;
+    c.qk_norm = false;
+    return c;
+  }
+  std::string known;
+  for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
+  fail("unknown preset '", name, "', expected one of ", known);
+}
+
+}  // namespace tightfit
