@@ -1,0 +1,551 @@
+// Tests of io/hf.hpp: config.json of Llama / Qwen2 / Qwen3 (samples modelled on real
+// checkpoints: TinyLlama-1.1B, Qwen2.5-0.5B, Qwen3-0.6B) and the refusals; weights and
+// gradients by Hugging Face names, single-file and sharded, tied embeddings, dtype conversion.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "io_testing.hpp"
+#include "support/testing.hpp"
+#include "tightfit/io/hf.hpp"
+
+using namespace tightfit;
+using nlohmann::json;
+using tightfit::testing::contains;
+using tightfit::testing::error_of;
+using tightfit::testing::scratch_dir;
+
+namespace {
+
+const char* const tinyllama = R"({
+  "architectures": ["LlamaForCausalLM"], "attention_bias": false, "bos_token_id": 1,
+  "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+  "intermediate_size": 5632, "max_position_embeddings": 2048, "model_type": "llama",
+  "num_attention_heads": 32, "num_hidden_layers": 22, "num_key_value_heads": 4,
+  "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": null, "rope_theta": 10000.0,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.35.0",
+  "use_cache": true, "vocab_size": 32000})";
+
+const char* const qwen25 = R"({
+  "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+  "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+  "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 24,
+  "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24,
+  "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+  "sliding_window": 32768, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+  "transformers_version": "4.40.1", "use_cache": true, "use_sliding_window": false,
+  "vocab_size": 151936})";
+
+const char* const qwen3 = R"({
+  "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+  "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+  "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+  "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+  "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+  "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})";
+
+void write_text(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+}
+
+/// The error (or "<no error>") of loading `j` as config.json.
+std::string config_error(const scratch_dir& dir, const json& j) {
+  write_text(dir / "config.json", j.dump());
+  return error_of([&] { (void)load_hf_config(dir.path()); });
+}
+
+/// A host-memory ParameterSet (no backend): the seam load/save work against.
+template <class T>
+struct host_params {
+  using value_type = T;
+  struct entry {
+    std::string name;
+    std::vector<index_t> shape;
+    std::vector<T> value, grad;
+  };
+  std::vector<entry> entries;
+
+  void add(std::string name, std::vector<index_t> shape) {
+    index_t n = 1;
+    for (index_t e : shape) n *= e;
+    entries.push_back(
+        {std::move(name), std::move(shape), std::vector<T>(static_cast<std::size_t>(n)), {}});
+  }
+  std::size_t size() const { return entries.size(); }
+  const std::string& name(std::size_t i) const { return entries[i].name; }
+  std::span<const index_t> shape(std::size_t i) const { return entries[i].shape; }
+  std::span<T> value(std::size_t i) { return entries[i].value; }
+  std::span<T> grad(std::size_t i) { return entries[i].grad; }
+  std::ptrdiff_t find(const std::string& name) const {
+    for (std::size_t i = 0; i < entries.size(); ++i)
+      if (entries[i].name == name) return static_cast<std::ptrdiff_t>(i);
+    return -1;
+  }
+};
+static_assert(ParameterSet<host_params<double>>);
+static_assert(ParameterSet<host_params<float>>);
+
+model_config tiny(const std::string& arch = "Qwen3ForCausalLM", bool tied = false) {
+  model_config c;
+  c.architecture = arch;
+  c.vocab_size = 11;
+  c.hidden_size = 8;
+  c.intermediate_size = 12;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 6;  // != hidden / heads, as Qwen3 allows
+  c.tie_word_embeddings = tied;
+  c.qk_norm = arch == "Qwen3ForCausalLM";
+  return c;
+}
+
+/// The parameters of a Llama / Qwen decoder under their Hugging Face names and shapes.
+template <class T>
+host_params<T> model_params(const model_config& c, std::uint64_t seed) {
+  host_params<T> p;
+  const index_t d = c.hidden_size, f = c.intermediate_size, hd = c.head_dim;
+  p.add("model.embed_tokens.weight", {c.vocab_size, d});
+  for (index_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string pre = "model.layers." + std::to_string(l) + ".";
+    p.add(pre + "input_layernorm.weight", {d});
+    p.add(pre + "self_attn.q_proj.weight", {c.q_width(), d});
+    p.add(pre + "self_attn.k_proj.weight", {c.kv_width(), d});
+    p.add(pre + "self_attn.v_proj.weight", {c.kv_width(), d});
+    p.add(pre + "self_attn.o_proj.weight", {d, c.q_width()});
+    if (c.qk_norm) {
+      p.add(pre + "self_attn.q_norm.weight", {hd});
+      p.add(pre + "self_attn.k_norm.weight", {hd});
+    }
+    p.add(pre + "post_attention_layernorm.weight", {d});
+    p.add(pre + "mlp.gate_proj.weight", {f, d});
+    p.add(pre + "mlp.up_proj.weight", {f, d});
+    p.add(pre + "mlp.down_proj.weight", {d, f});
+  }
+  p.add("model.norm.weight", {d});
+  if (!c.tie_word_embeddings) p.add("lm_head.weight", {c.vocab_size, d});
+  for (std::size_t i = 0; i < p.size(); ++i)
+    tightfit::testing::fill_uniform<T>(p.value(i), seed + i);
+  return p;
+}
+
+template <class A, class B>
+bool same_values(A& a, B& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a.name(i) != b.name(i)) return false;
+    const auto x = a.value(i);
+    const auto y = b.value(i);
+    if (!std::equal(x.begin(), x.end(), y.begin(), y.end())) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("config.json of Llama, Qwen2 and Qwen3 (modelled on real checkpoints)") {
+  scratch_dir dir;
+  write_text(dir / "config.json", tinyllama);
+  const model_config l = load_hf_config(dir.path());  // a directory
+  CHECK(l.architecture == "LlamaForCausalLM");
+  CHECK(l.vocab_size == 32000);
+  CHECK(l.hidden_size == 2048);
+  CHECK(l.intermediate_size == 5632);
+  CHECK(l.num_hidden_layers == 22);
+  CHECK(l.num_attention_heads == 32);
+  CHECK(l.num_key_value_heads == 4);
+  CHECK(l.head_dim == 64);
+  CHECK(l.rms_norm_eps == 1e-5);
+  CHECK(l.rope_theta == 10000.0);
+  CHECK_FALSE(l.tie_word_embeddings);
+  CHECK_FALSE(l.qk_norm);
+
+  write_text(dir / "qwen2.json", qwen25);
+  const model_config q2 = load_hf_config(dir / "qwen2.json");  // a file
+  CHECK(q2.architecture == "Qwen2ForCausalLM");
+  CHECK(q2.head_dim == 64);
+  CHECK(q2.num_key_value_heads == 2);
+  CHECK(q2.rope_theta == 1e6);
+  CHECK(q2.tie_word_embeddings);
+  CHECK_FALSE(q2.qk_norm);
+
+  write_text(dir / "qwen3.json", qwen3);
+  const model_config q3 = load_hf_config(dir / "qwen3.json");
+  CHECK(q3.architecture == "Qwen3ForCausalLM");
+  CHECK(q3.head_dim == 128);  // not hidden / heads (64)
+  CHECK(q3.q_width() == 2048);
+  CHECK(q3.rms_norm_eps == 1e-6);
+  CHECK(q3.tie_word_embeddings);
+  CHECK(q3.qk_norm);
+}
+
+TEST_CASE("config.json defaults and model_type without architectures") {
+  scratch_dir dir;
+  const json j = {
+      {"model_type", "llama"},         {"vocab_size", 100},      {"hidden_size", 48},
+      {"intermediate_size", 96},       {"num_hidden_layers", 2}, {"num_attention_heads", 6},
+      {"num_key_value_heads", nullptr}};
+  CHECK(config_error(dir, j) == "<no error>");
+  const model_config c = load_hf_config(dir / "config.json");
+  CHECK(c.architecture == "LlamaForCausalLM");
+  CHECK(c.num_key_value_heads == 6);  // default: num_attention_heads
+  CHECK(c.head_dim == 8);             // default: hidden / heads
+  CHECK(c.rope_theta == 10000.0);
+  CHECK(c.rms_norm_eps == 1e-6);
+  CHECK_FALSE(c.tie_word_embeddings);
+  json q = j;
+  q["model_type"] = "qwen3";
+  q["rope_scaling"] = {{"rope_type", "default"}};  // the default rope is accepted
+  q["layer_types"] = {"full_attention", "full_attention"};
+  CHECK(config_error(dir, q) == "<no error>");
+  CHECK(load_hf_config(dir.path()).qk_norm);
+  json v5 = j;  // transformers 5 keeps rope_theta in rope_parameters
+  v5["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 5e5}};
+  CHECK(config_error(dir, v5) == "<no error>");
+  CHECK(load_hf_config(dir.path()).rope_theta == 5e5);
+}
+
+TEST_CASE("config.json: unsupported options and malformed input are refused by name") {
+  scratch_dir dir;
+  const json llama = json::parse(tinyllama), q2 = json::parse(qwen25), q3 = json::parse(qwen3);
+  auto patched = [](json j, const std::string& key, const json& value) {
+    if (value.is_discarded())
+      j.erase(key);
+    else
+      j[key] = value;
+    return j;
+  };
+  const json erase = json(json::value_t::discarded);
+  struct refusal {
+    json config;
+    std::string message;
+  };
+  const std::vector<refusal> cases = {
+      {patched(llama, "architectures", json::array({"MistralForCausalLM"})),
+       "architecture \"MistralForCausalLM\" is not supported"},
+      {patched(patched(llama, "architectures", erase), "model_type", "gemma"),
+       "model_type \"gemma\" is not supported"},
+      {patched(patched(llama, "architectures", erase), "model_type", erase),
+       "neither \"architectures\" nor \"model_type\""},
+      {patched(llama, "model_type", "qwen3"), "model_type \"qwen3\" does not match"},
+      {patched(llama, "rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}),
+       "rope_scaling of type \"llama3\" is not supported"},
+      {patched(llama, "rope_scaling", {{"type", "linear"}, {"factor", 2.0}}),
+       "rope_scaling of type \"linear\""},
+      {patched(q2, "use_sliding_window", true), "use_sliding_window: true"},
+      {patched(q3, "layer_types", json::array({"full_attention", "sliding_attention"})),
+       "only \"full_attention\" layers"},
+      {patched(llama, "attention_bias", true), "attention_bias: true is not supported"},
+      {patched(q3, "attention_bias", true), "attention_bias: true is not supported"},
+      {patched(llama, "mlp_bias", true), "mlp_bias: true is not supported"},
+      {patched(llama, "hidden_act", "gelu"), "hidden_act \"gelu\" is not supported"},
+      {patched(llama, "hidden_size", erase), "missing field \"hidden_size\""},
+      {patched(llama, "vocab_size", "32000"), "field \"vocab_size\" is \"32000\""},
+      {patched(llama, "num_hidden_layers", -2), "field \"num_hidden_layers\" is -2"},
+      {patched(llama, "num_attention_heads", 0), "field \"num_attention_heads\" is 0"},
+      {patched(llama, "num_key_value_heads", 5), "not a multiple of num_key_value_heads 5"},
+      {patched(llama, "rms_norm_eps", "tiny"), "field \"rms_norm_eps\" is \"tiny\""},
+      {patched(llama, "tie_word_embeddings", 1), "field \"tie_word_embeddings\" is 1"},
+      {patched(patched(llama, "hidden_size", 100), "num_attention_heads", 3),
+       "hidden_size 100 is not a multiple of num_attention_heads 3"},
+      {patched(q3, "head_dim", 7), "head_dim is 7, expected an even number"},
+      {json::array({1, 2}), "expected an object"},
+  };
+  for (const auto& c : cases) {
+    const std::string message = config_error(dir, c.config);
+    CAPTURE(message);
+    CHECK(contains(message, c.message));
+    CHECK(contains(message, "config.json"));  // names the file
+  }
+  // Qwen2 has no attention_bias option (its q/k/v biases are unconditional): not refused here.
+  CHECK(config_error(dir, patched(q2, "attention_bias", true)) == "<no error>");
+
+  write_text(dir / "config.json", R"({"vocab_size": 10, "vocab_size": 12})");
+  CHECK(contains(error_of([&] { (void)load_hf_config(dir.path()); }),
+                 "duplicate key \"vocab_size\""));
+  write_text(dir / "config.json", R"({"vocab_size": )");
+  CHECK(contains(error_of([&] { (void)load_hf_config(dir.path()); }), "not valid JSON"));
+  CHECK(contains(error_of([&] { (void)load_hf_config(dir / "absent"); }), "absent: cannot open"));
+}
+
+TEST_CASE("save_hf_config writes a config.json that loads back identically") {
+  scratch_dir dir;
+  for (const char* arch : {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}) {
+    CAPTURE(arch);
+    model_config c = tiny(arch, std::string(arch) == "Qwen2ForCausalLM");
+    c.rms_norm_eps = 1.0 / 3.0 * 1e-5;  // not a short decimal: must survive the round trip
+    c.rope_theta = 123456.789;
+    save_hf_config(c, dir.path());
+    const model_config r = load_hf_config(dir.path());
+    CHECK(r.architecture == c.architecture);
+    CHECK(r.vocab_size == c.vocab_size);
+    CHECK(r.hidden_size == c.hidden_size);
+    CHECK(r.intermediate_size == c.intermediate_size);
+    CHECK(r.num_hidden_layers == c.num_hidden_layers);
+    CHECK(r.num_attention_heads == c.num_attention_heads);
+    CHECK(r.num_key_value_heads == c.num_key_value_heads);
+    CHECK(r.head_dim == c.head_dim);
+    CHECK(r.rms_norm_eps == c.rms_norm_eps);
+    CHECK(r.rope_theta == c.rope_theta);
+    CHECK(r.tie_word_embeddings == c.tie_word_embeddings);
+    CHECK(r.qk_norm == c.qk_norm);
+    std::ifstream in(dir / "config.json");
+    const json j = json::parse(in);
+    CHECK(j["hidden_act"] == "silu");
+    const std::map<std::string, std::string> types = {{"LlamaForCausalLM", "llama"},
+                                                      {"Qwen2ForCausalLM", "qwen2"},
+                                                      {"Qwen3ForCausalLM", "qwen3"}};
+    CHECK(j["model_type"] == types.at(arch));
+  }
+  model_config bad = tiny("Qwen3ForCausalLM");
+  bad.qk_norm = false;
+  CHECK(contains(error_of([&] { save_hf_config(bad, dir.path()); }), "q_norm / k_norm"));
+  bad = tiny("GPT2LMHeadModel");
+  CHECK(contains(error_of([&] { save_hf_config(bad, dir.path()); }), "\"GPT2LMHeadModel\""));
+}
+
+TEST_CASE("weights: save and load by Hugging Face names, every dtype") {
+  scratch_dir dir;
+  const model_config c = tiny();
+  auto src = model_params<double>(c, 100);
+  save_hf_weights(dir.path(), src);  // F64 by default for double
+  CHECK(std::filesystem::exists(dir / "model.safetensors"));
+  {
+    const auto st = safetensors_file::open(dir / "model.safetensors");
+    CHECK(st.size() == src.size());
+    CHECK(st.info("model.layers.1.self_attn.q_proj.weight").shape == std::vector<index_t>{12, 8});
+    CHECK(st.info("model.layers.0.self_attn.k_norm.weight").type == dtype::f64);
+    CHECK(st.metadata().at("format") == "pt");
+  }
+  auto back = model_params<double>(c, 999);
+  CHECK_FALSE(same_values(src, back));
+  load_hf_weights(dir.path(), back);
+  CHECK(same_values(src, back));
+
+  // F64 file into a float set: each value rounded once.
+  auto as_float = model_params<float>(c, 7);
+  load_hf_weights(dir / "model.safetensors", as_float);
+  for (std::size_t i = 0; i < src.size(); ++i)
+    for (std::size_t k = 0; k < src.value(i).size(); ++k)
+      CHECK(as_float.value(i)[k] == static_cast<float>(src.value(i)[k]));
+
+  // BF16 / F16 files: within half a unit in the last place of the stored precision.
+  for (const auto& [type, bits] : {std::pair{dtype::bf16, 8}, std::pair{dtype::f16, 11}}) {
+    save_hf_weights(dir / "narrow.safetensors", src, type);
+    CHECK(safetensors_file::open(dir / "narrow.safetensors").info("model.norm.weight").type ==
+          type);
+    load_hf_weights(dir / "narrow.safetensors", back);
+    double worst = 0;
+    for (std::size_t i = 0; i < src.size(); ++i)
+      for (std::size_t k = 0; k < src.value(i).size(); ++k) {
+        const double x = src.value(i)[k];
+        const double half_ulp = std::max(std::ldexp(std::fabs(x), -bits), std::ldexp(1.0, -25));
+        worst = std::max(worst, std::fabs(back.value(i)[k] - x) / half_ulp);
+      }
+    CHECK(worst <= 1.0);
+    CHECK(worst > 0.0);  // really rounded
+  }
+}
+
+TEST_CASE("weights: tied embeddings, missing, extra and mismatched tensors") {
+  scratch_dir dir;
+  const auto untied = model_params<double>(tiny("LlamaForCausalLM", false), 1);
+  auto writable = untied;
+  save_hf_weights(dir.path(), writable);
+
+  // A tied model has no lm_head.weight: the checkpoint's copy is ignored.
+  auto tied = model_params<double>(tiny("LlamaForCausalLM", true), 2);
+  CHECK(tied.find("lm_head.weight") < 0);
+  load_hf_weights(dir.path(), tied);
+  CHECK(std::equal(tied.value(0).begin(), tied.value(0).end(), writable.value(0).begin()));
+
+  // An untied model needs lm_head.weight.
+  auto tied_file = model_params<double>(tiny("LlamaForCausalLM", true), 3);
+  save_hf_weights(dir / "tied.safetensors", tied_file);
+  auto needs_head = model_params<double>(tiny("LlamaForCausalLM", false), 4);
+  CHECK(contains(error_of([&] { load_hf_weights(dir / "tied.safetensors", needs_head); }),
+                 "parameter 'lm_head.weight' is not in the checkpoint"));
+
+  // A shape that differs names the tensor and both shapes.
+  model_config wider = tiny("LlamaForCausalLM");
+  wider.intermediate_size = 10;
+  auto other = model_params<double>(wider, 5);
+  CHECK(contains(error_of([&] { load_hf_weights(dir.path(), other); }),
+                 "tensor 'model.layers.0.mlp.gate_proj.weight' has shape [12, 8], the model "
+                 "expects [10, 8]"));
+
+  // Extra tensors: an error (config / checkpoint mismatch) unless ignore_unused.
+  model_config fewer = tiny("LlamaForCausalLM");
+  fewer.num_hidden_layers = 1;
+  auto one_layer = model_params<double>(fewer, 6);
+  CHECK(contains(error_of([&] { load_hf_weights(dir.path(), one_layer); }),
+                 "tensor(s) the model does not have, e.g. 'model.layers.1."));
+  load_hf_weights(dir.path(), one_layer, hf_load_options{.ignore_unused = true});
+  CHECK(
+      std::equal(one_layer.value(1).begin(), one_layer.value(1).end(), writable.value(1).begin()));
+
+  // Biases (Qwen2's q/k/v) and non-floating tensors are refused; inv_freq buffers ignored.
+  auto with_extra = [&](const std::string& name, bool as_int) {
+    safetensors_writer w;
+    for (std::size_t i = 0; i < writable.size(); ++i) {
+      const auto s = writable.shape(i);
+      if (as_int && i == 1) {
+        std::vector<std::int64_t> ints(writable.value(i).size(), 1);
+        w.add(writable.name(i), {s.begin(), s.end()}, std::span<const std::int64_t>(ints));
+      } else {
+        w.add(writable.name(i), {s.begin(), s.end()}, std::span<const double>(writable.value(i)));
+      }
+    }
+    const std::vector<float> v(12, 0.5f);
+    if (!name.empty()) w.add(name, {12}, std::span<const float>(v));
+    w.write(dir / "extra.safetensors");
+    auto p = model_params<double>(tiny("LlamaForCausalLM"), 9);
+    return error_of([&] { load_hf_weights(dir / "extra.safetensors", p); });
+  };
+  CHECK(contains(with_extra("model.layers.0.self_attn.q_proj.bias", false),
+                 "tensor 'model.layers.0.self_attn.q_proj.bias' is a bias"));
+  CHECK(with_extra("model.layers.0.self_attn.rotary_emb.inv_freq", false) == "<no error>");
+  CHECK(contains(with_extra("", true),
+                 "tensor 'model.layers.0.input_layernorm.weight' has dtype I64, expected F64"));
+
+  scratch_dir empty;
+  auto p = model_params<double>(tiny(), 1);
+  CHECK(contains(error_of([&] { load_hf_weights(empty.path(), p); }),
+                 "no model.safetensors or model.safetensors.index.json"));
+}
+
+TEST_CASE("weights: a checkpoint sharded with model.safetensors.index.json") {
+  scratch_dir dir;
+  const model_config c = tiny("Qwen3ForCausalLM", true);
+  auto src = model_params<double>(c, 20);
+  // Shard 1: embeddings and layer 0; shard 2: the rest, in BF16 and F32 (mixed dtypes).
+  safetensors_writer a, b;
+  json weight_map = json::object();
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    const auto s = src.shape(i);
+    const bool first =
+        src.name(i).find("layers.1.") == std::string::npos && src.name(i) != "model.norm.weight";
+    (first ? a : b)
+        .add(src.name(i), {s.begin(), s.end()}, std::span<const double>(src.value(i)),
+             first ? dtype::f64 : dtype::f32);
+    weight_map[src.name(i)] =
+        first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  a.write(dir / "model-00001-of-00002.safetensors");
+  b.write(dir / "model-00002-of-00002.safetensors");
+  const json index = {{"metadata", {{"total_size", 1234}}}, {"weight_map", weight_map}};
+  write_text(dir / "model.safetensors.index.json", index.dump(2));
+
+  auto back = model_params<double>(c, 21);
+  load_hf_weights(dir.path(), back);
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    CAPTURE(src.name(i));
+    const bool first = weight_map[src.name(i)] == "model-00001-of-00002.safetensors";
+    for (std::size_t k = 0; k < src.value(i).size(); ++k)
+      CHECK(back.value(i)[k] ==
+            (first ? src.value(i)[k] : static_cast<double>(static_cast<float>(src.value(i)[k]))));
+  }
+  const hf_checkpoint ck = hf_checkpoint::open(dir.path());
+  CHECK(ck.names().size() == src.size());
+  CHECK(ck.info("model.norm.weight").type == dtype::f32);
+
+  // Broken indexes are refused by name.
+  auto index_error = [&](const json& j) {
+    write_text(dir / "model.safetensors.index.json", j.dump());
+    auto p = model_params<double>(c, 22);
+    return error_of([&] { load_hf_weights(dir.path(), p); });
+  };
+  json wrong = index;
+  wrong["weight_map"]["model.norm.weight"] = "model-00001-of-00002.safetensors";
+  CHECK(contains(index_error(wrong),
+                 "puts tensor 'model.norm.weight' in "
+                 "model-00001-of-00002.safetensors, which has no tensor"));
+  json escape = index;
+  escape["weight_map"]["model.norm.weight"] = "../model-00002-of-00002.safetensors";
+  CHECK(contains(index_error(escape), "expected a file name beside the index"));
+  json missing = index;
+  missing["weight_map"].erase("model.norm.weight");
+  CHECK(contains(index_error(missing), "parameter 'model.norm.weight' is not in the checkpoint"));
+  json absent = index;
+  absent["weight_map"]["model.norm.weight"] = "model-00003-of-00003.safetensors";
+  CHECK(contains(index_error(absent), "model-00003-of-00003.safetensors: cannot open"));
+  CHECK(contains(index_error(json{{"metadata", json::object()}}), "missing field \"weight_map\""));
+}
+
+TEST_CASE("save_gradients writes the gradients that exist under the parameter names") {
+  scratch_dir dir;
+  auto p = model_params<double>(tiny(), 30);
+  std::vector<std::string> with_grad;
+  for (std::size_t i = 0; i < p.size(); i += 3) {
+    p.entries[i].grad = tightfit::testing::uniform<double>(p.value(i).size(), 500 + i);
+    with_grad.push_back(p.name(i));
+  }
+  save_gradients(dir / "grads.safetensors", p);
+  const auto st = safetensors_file::open(dir / "grads.safetensors");
+  CHECK(st.size() == with_grad.size());
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    CAPTURE(p.name(i));
+    CHECK(st.contains(p.name(i)) == !p.grad(i).empty());
+    if (p.grad(i).empty()) continue;
+    CHECK(st.read<double>(p.name(i)) == p.entries[i].grad);
+    const auto s = p.shape(i);
+    CHECK(st.info(p.name(i)).shape == std::vector<index_t>(s.begin(), s.end()));
+  }
+  save_gradients(dir / "grads32.safetensors", p, dtype::f32);
+  CHECK(safetensors_file::open(dir / "grads32.safetensors").info(with_grad[0]).type == dtype::f32);
+}
+
+#if __has_include("tightfit/nn/model.hpp") && __has_include("tightfit/backend/reference.hpp")
+#include "tightfit/backend/reference.hpp"
+#include "tightfit/nn/model.hpp"
+
+TEST_CASE("decoder_model<reference_backend>: weights and gradients round trip by HF names") {
+  scratch_dir dir;
+  for (const bool tied : {false, true}) {
+    CAPTURE(tied);
+    const model_config c = tiny("Qwen3ForCausalLM", tied);
+    reference_backend<double> be;
+    decoder_model<reference_backend<double>> a(be, c), b(be, c);
+    a.init_random(1, 0.02, 0.1);
+    b.init_random(2, 0.02, 0.1);
+    auto& pa = a.parameters();
+    auto& pb = b.parameters();
+    CHECK_FALSE(same_values(pa, pb));
+    save_hf_config(c, dir.path());
+    save_hf_weights(dir.path(), pa);
+    const model_config loaded = load_hf_config(dir.path());
+    CHECK(loaded.tie_word_embeddings == tied);
+    load_hf_weights(dir.path(), pb);  // through reference_backend::upload
+    CHECK(same_values(pa, pb));
+    // The file holds exactly the model's parameters (no lm_head.weight when tied).
+    const auto st = safetensors_file::open(dir / "model.safetensors");
+    CHECK(st.size() == pa.size());
+    CHECK(st.contains("lm_head.weight") == !tied);
+
+    pa.allocate_grad(0);
+    pa.allocate_grad(pa.size() - 1);
+    tightfit::testing::fill_uniform<double>(pa.grad(0), 3);
+    save_gradients(dir / "grads.safetensors", pa);
+    const auto g = safetensors_file::open(dir / "grads.safetensors");
+    CHECK(g.size() == 2);
+    const auto g0 = g.read<double>(pa.name(0));
+    CHECK(std::equal(g0.begin(), g0.end(), pa.grad(0).begin(), pa.grad(0).end()));
+    CHECK(g.read<double>(pa.name(pa.size() - 1)) ==
+          std::vector<double>(static_cast<std::size_t>(pa.numel(pa.size() - 1)), 0.0));
+  }
+}
+#endif
