@@ -1,0 +1,166 @@
+// The tightfit tool end to end: exit codes (0 ok, 1 bad input, 2 wrong arguments), one-line
+// errors, the JSON line of `grad`, and that its gradients equal the library's.
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "stream/stream_testing.hpp"
+#include "support/testing.hpp"
+#include "tightfit/io/hf.hpp"
+#include "tightfit/io/safetensors.hpp"
+
+using namespace tightfit;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct outcome {
+  int code = -1;
+  std::string out, err;
+};
+
+/// Runs the tool with `args` (a shell-quoted string), capturing stdout and stderr.
+outcome run(const std::string& args) {
+  static int counter = 0;
+  const fs::path dir = fs::temp_directory_path() / "tightfit-cli-test";
+  fs::create_directories(dir);
+  const auto out = dir / ("out" + std::to_string(counter));
+  const auto err = dir / ("err" + std::to_string(counter++));
+  const std::string cmd = std::string("'") + TIGHTFIT_CLI + "' " + args + " >'" + out.string() +
+                          "' 2>'" + err.string() + "'";
+  const int status = std::system(cmd.c_str());
+  auto slurp = [](const fs::path& p) {
+    std::ifstream in(p);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+}
+
+int lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+/// A tiny random model directory and a batch file.
+struct fixture {
+  fs::path dir = fs::temp_directory_path() / "tightfit-cli-model";
+  model_config cfg = testing::tiny_config(4, 2, true, false);
+  fixture() {
+    fs::create_directories(dir);
+    cfg.architecture = "Qwen3ForCausalLM";
+    reference_backend<double> be;
+    decoder_model<reference_backend<double>> model(be, cfg);
+    model.init_random(3, 0.3, 0.2);
+    save_hf_config(cfg, dir / "config.json");
+    save_hf_weights(dir / "model.safetensors", model.parameters());
+  }
+  fs::path batch(const std::vector<std::int64_t>& ids, const std::vector<std::int64_t>& labels,
+                 index_t b, index_t t, const std::string& name) const {
+    safetensors_writer w;
+    w.add("input_ids", {b, t}, std::span<const std::int64_t>(ids));
+    w.add("labels", {b, t}, std::span<const std::int64_t>(labels));
+    const auto path = dir / name;
+    w.write(path);
+    return path;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("usage errors exit 2, help exits 0") {
+  CHECK(run("").code == 2);
+  CHECK(run("frobnicate").code == 2);
+  CHECK(run("--help").code == 0);
+  for (std::string cmd : {"grad", "plan", "bench", "measure", "train"}) {
+    CAPTURE(cmd);
+    CHECK(run(cmd + " --help").code == 0);
+  }
+  CHECK(run("grad").code == 2);
+  CHECK(run("grad --model x --batch y --schedule fast").code == 2);
+  CHECK(run("grad --model x --batch y --objective ppo").code == 2);
+  CHECK(run("grad --model x --batch y --bogus 1").code == 2);
+  CHECK(run("plan --preset qwen3-bench --seq 100").code == 2);
+  CHECK(run("plan --preset qwen3-bench --seq 100 --budget lots").code == 2);
+}
+
+TEST_CASE("grad: JSON line and gradients equal to the library's") {
+  fixture f;
+  const index_t b = 2, t = 7;
+  std::vector<std::int64_t> ids, labels;
+  for (index_t i = 0; i < b * t; ++i) {
+    ids.push_back((i * 7 + 3) % f.cfg.vocab_size);
+    labels.push_back(i % t < 2 ? -100 : ids.back());
+  }
+  const auto batch = f.batch(ids, labels, b, t, "batch.safetensors");
+  const auto grads = f.dir / "grads.safetensors";
+  const auto r = run("grad --model '" + f.dir.string() + "' --batch '" + batch.string() +
+                     "' --dtype f64 --schedule stream --chunk 3 --out '" + grads.string() + "'");
+  REQUIRE(r.code == 0);
+  CHECK(lines(r.out) == 1);
+  const auto j = nlohmann::json::parse(r.out);
+  for (const char* key : {"loss", "schedule", "chunk", "peak_activation_bytes", "seconds"})
+    CHECK(j.contains(key));
+  CHECK(j["schedule"] == "stream");
+  CHECK(j["chunk"] == 3);
+  // the same computation through the library
+  reference_backend<double> be;
+  decoder_model<reference_backend<double>> model(be, f.cfg);
+  load_hf_weights(f.dir, model.parameters());
+  const auto targets = shift_labels(labels, b, t);
+  sft_loss loss;
+  backward_options o;
+  o.sched = schedule::full;
+  const double expected = compute_gradients(model, {b, t, ids, targets, {}}, loss, o).loss;
+  CHECK(std::abs(j["loss"].get<double>() - expected) < 1e-12 * std::abs(expected));
+  const auto file = safetensors_file::open(grads);
+  auto& p = model.parameters();
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const auto g = file.read<double>(p.name(i));
+    std::vector<double> want(p.grad(i).begin(), p.grad(i).end());
+    CAPTURE(p.name(i));
+    CHECK(testing::max_rel_diff(g, want, 1e-300) < 1e-10);
+  }
+}
+
+TEST_CASE("grad: bad input exits 1 with one line naming the problem") {
+  fixture f;
+  const index_t b = 1, t = 4;
+  std::vector<std::int64_t> ids = {1, 2, 3, 4}, labels = {1, 2, 3, 4};
+  ids[2] = f.cfg.vocab_size + 5;
+  const auto bad_ids = f.batch(ids, labels, b, t, "bad_ids.safetensors");
+  auto r = run("grad --model '" + f.dir.string() + "' --batch '" + bad_ids.string() + "'");
+  CHECK(r.code == 1);
+  CHECK(lines(r.err) == 1);
+  CHECK(r.err.find("input_ids[0][2] is 42") != std::string::npos);
+  r = run("grad --model /nonexistent/model --batch x");
+  CHECK(r.code == 1);
+  CHECK(lines(r.err) == 1);
+  CHECK(r.err.find("/nonexistent/model") != std::string::npos);
+  const auto garbage = f.dir / "garbage.safetensors";
+  std::ofstream(garbage) << "this is not a safetensors file at all";
+  r = run("grad --model '" + f.dir.string() + "' --batch '" + garbage.string() + "'");
+  CHECK(r.code == 1);
+  CHECK(lines(r.err) == 1);
+  CHECK(r.err.find("garbage.safetensors") != std::string::npos);
+  labels = {1, 2, -7, 4};
+  ids = {1, 2, 3, 4};
+  const auto bad_labels = f.batch(ids, labels, b, t, "bad_labels.safetensors");
+  r = run("grad --model '" + f.dir.string() + "' --batch '" + bad_labels.string() + "'");
+  CHECK(r.code == 1);
+  CHECK(r.err.find("is -7") != std::string::npos);
+}
+
+TEST_CASE("plan prints the chunk and the largest sequence per schedule") {
+  const auto r = run("plan --preset small --seq 4096 --budget 512M --max-seq 100000");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("largest T: full") != std::string::npos);
+  CHECK(r.out.find("stream / checkpoint") != std::string::npos);
+}
