@@ -1,12 +1,285 @@
-// tightfit train: not implemented yet (placeholder until its issue lands).
+// tightfit train: SFT training of a decoder model with a full or block coordinate optimizer
+// (Adam, AdamW, SGD, BAdam, BREAD-SGD, BREAD-LoRA) on a tokenized safetensors data set.
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "commands.hpp"
+#include "tightfit/backend/eigen.hpp"
+#include "tightfit/io/hf.hpp"
+#include "tightfit/nn/presets.hpp"
+#include "tightfit/optim/optim.hpp"
+#include "tightfit/optim/train.hpp"
 
 namespace tightfit::cli {
 
-int train(int /*argc*/, char** /*argv*/) {
-  std::fprintf(stderr, "tightfit train: not implemented yet\n");
+namespace {
+
+void train_usage(std::FILE* out) {
+  std::fprintf(
+      out,
+      "usage: tightfit train (--model DIR | --preset NAME) --data FILE\n"
+      "         --optimizer adam|adamw|sgd|badam|bread-sgd|bread-lora [options]\n"
+      "  --preset NAME        tiny, or a preset of nn/presets.hpp (qwen3-bench, small, ...)\n"
+      "  --data FILE          safetensors with input_ids (N, T) and optional labels (N, T)\n"
+      "  --steps N            optimizer steps (default 100)\n"
+      "  --batch B            rows per step (default 1)\n"
+      "  --lr X               learning rate of the update rule (default 1e-3; sgd 1e-2)\n"
+      "  --schedule S         constant | warmup:W | cosine | cosine:W (default constant)\n"
+      "  --clip X             clip gradients to global norm X (default off)\n"
+      "  --chunk N            StreamBP chunk (default 512); --sched full|checkpoint|stream\n"
+      "  --switch-every K     steps per block (default 50)\n"
+      "  --order O            ascending|descending|random|fixed (default random)\n"
+      "  --start-block NAME   first block, e.g. layer.3 (required by fixed)\n"
+      "  --embedding-block, --head-block   train embedding / head as blocks too\n"
+      "  --bread-lr X         BREAD-SGD step (default 1e-5) / BREAD-LoRA adapter lr (1e-4)\n"
+      "  --bread-scope S      partial|all (default partial); --sign (signSGD)\n"
+      "  --rank R             BREAD-LoRA rank (default 8); --loraplus R (lr ratio, default 1)\n"
+      "  --seed S             model initialisation (presets) and block order seed (default 1)\n"
+      "  --log FILE           JSON lines, one per step\n"
+      "  --save-state FILE    checkpoint (weights + optimizer state) at the end\n"
+      "  --resume FILE        continue from a checkpoint\n"
+      "  --save-model DIR     write the trained weights (model.safetensors + config.json)\n"
+      "  --quiet              no progress line\n");
+}
+
+/// "tiny" (a 4-layer, hidden-64 model for quick runs) or a preset of nn/presets.hpp.
+model_config train_preset(const std::string& name) {
+  if (name != "tiny") return preset_config(name);
+  model_config c;
+  c.vocab_size = 256;
+  c.hidden_size = 64;
+  c.intermediate_size = 128;
+  c.num_hidden_layers = 4;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 16;
+  c.rope_theta = 10000;
+  return c;
+}
+
+struct args {
+  std::string model, preset, data, optimizer, schedule = "constant", order = "random", start_block,
+                                              log, save_state, resume, save_model, sched = "stream",
+                                              scope = "partial";
+  std::int64_t steps = 100;
+  index_t batch = 1, chunk = 512, switch_every = 50, rank = 8;
+  std::optional<double> lr, bread_lr;
+  double clip = 0, loraplus = 1;
+  std::uint64_t seed = 1;
+  bool embedding_block = false, head_block = false, sign = false, quiet = false;
+};
+
+double to_double(const std::string& flag, const std::string& v) {
+  std::size_t used = 0;
+  double x = 0;
+  try {
+    x = std::stod(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  check(used == v.size() && !v.empty(), flag, " is '", v, "', expected a number");
+  return x;
+}
+long long to_int(const std::string& flag, const std::string& v, long long min) {
+  std::size_t used = 0;
+  long long x = 0;
+  try {
+    x = std::stoll(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  check(used == v.size() && !v.empty() && x >= min, flag, " is '", v,
+        "', expected an integer >= ", min);
+  return x;
+}
+
+template <class Opt>
+int run_training(decoder_model<eigen_backend<float>>& model, const token_dataset& data, Opt& opt,
+                 const args& a) {
+  if (!a.resume.empty()) load_checkpoint(a.resume, model, opt);
+  train_options o;
+  o.steps = a.steps;
+  o.batch = a.batch;
+  o.backward.sched = parse_schedule(a.sched);
+  o.backward.chunk = a.chunk;
+  o.progress = !a.quiet;
+  o.log = a.log;
+  o.save_state = a.save_state;
+  const auto sched = runtime_schedule::parse(a.schedule, opt.steps() + a.steps);
+  const auto s = train(model, data, opt, sched, o);
+  const double first = s.losses.empty() ? 0 : s.losses.front();
+  const double last = s.losses.empty() ? 0 : s.losses.back();
+  std::printf(
+      "optimizer %s  steps %lld  loss %.4f -> %.4f  %.0f tok/s  peak %.1f MiB  state %.1f MiB\n",
+      a.optimizer.c_str(), static_cast<long long>(a.steps), first, last, s.tokens_per_second,
+      static_cast<double>(s.peak_bytes) / 1048576.0,
+      static_cast<double>(s.state_bytes) / 1048576.0);
+  if (!a.save_model.empty()) {
+    std::filesystem::create_directories(a.save_model);
+    save_hf_weights(a.save_model, model.parameters());
+    save_hf_config(model.config(), a.save_model);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int train(int argc, char** argv) {
+  args a;
+  try {  // a malformed option value is a usage error (exit 2)
+    for (int i = 1; i < argc; ++i) {
+      const std::string f = argv[i];
+      auto value = [&]() -> std::string {
+        if (i + 1 >= argc) {
+          std::fprintf(stderr, "tightfit train: %s needs a value\n", f.c_str());
+          std::exit(2);
+        }
+        return argv[++i];
+      };
+      if (f == "--help" || f == "-h") {
+        train_usage(stdout);
+        return 0;
+      } else if (f == "--model") {
+        a.model = value();
+      } else if (f == "--preset") {
+        a.preset = value();
+      } else if (f == "--data") {
+        a.data = value();
+      } else if (f == "--optimizer") {
+        a.optimizer = value();
+      } else if (f == "--schedule") {
+        a.schedule = value();
+      } else if (f == "--sched") {
+        a.sched = value();
+      } else if (f == "--order") {
+        a.order = value();
+      } else if (f == "--start-block") {
+        a.start_block = value();
+      } else if (f == "--log") {
+        a.log = value();
+      } else if (f == "--save-state") {
+        a.save_state = value();
+      } else if (f == "--resume") {
+        a.resume = value();
+      } else if (f == "--save-model") {
+        a.save_model = value();
+      } else if (f == "--bread-scope") {
+        a.scope = value();
+      } else if (f == "--steps") {
+        a.steps = to_int(f, value(), 0);
+      } else if (f == "--batch") {
+        a.batch = to_int(f, value(), 1);
+      } else if (f == "--chunk") {
+        a.chunk = to_int(f, value(), 1);
+      } else if (f == "--switch-every") {
+        a.switch_every = to_int(f, value(), 1);
+      } else if (f == "--rank") {
+        a.rank = to_int(f, value(), 1);
+      } else if (f == "--seed") {
+        a.seed = static_cast<std::uint64_t>(to_int(f, value(), 0));
+      } else if (f == "--lr") {
+        a.lr = to_double(f, value());
+      } else if (f == "--bread-lr") {
+        a.bread_lr = to_double(f, value());
+      } else if (f == "--clip") {
+        a.clip = to_double(f, value());
+      } else if (f == "--loraplus") {
+        a.loraplus = to_double(f, value());
+      } else if (f == "--embedding-block") {
+        a.embedding_block = true;
+      } else if (f == "--head-block") {
+        a.head_block = true;
+      } else if (f == "--sign") {
+        a.sign = true;
+      } else if (f == "--quiet") {
+        a.quiet = true;
+      } else {
+        std::fprintf(stderr, "tightfit train: unknown option '%s'\n", f.c_str());
+        train_usage(stderr);
+        return 2;
+      }
+    }
+  } catch (const error& e) {
+    std::fprintf(stderr, "tightfit train: %s\n", e.what());
+    return 2;
+  }
+  if (a.model.empty() == a.preset.empty() || a.data.empty() || a.optimizer.empty()) {
+    std::fprintf(stderr,
+                 "tightfit train: give one of --model / --preset, and --data and --optimizer\n");
+    train_usage(stderr);
+    return 2;
+  }
+  check(a.scope == "partial" || a.scope == "all", "--bread-scope is '", a.scope,
+        "', expected partial or all");
+
+  using backend = eigen_backend<float>;
+  backend be;
+  const model_config cfg = a.model.empty() ? train_preset(a.preset) : load_hf_config(a.model);
+  decoder_model<backend> model(be, cfg);
+  if (a.model.empty())
+    model.init_random(a.seed);
+  else
+    load_hf_weights(a.model, model.parameters());
+  const token_dataset data = token_dataset::load(a.data);
+
+  const auto part = block_partition::by_layer(model.parameters(), a.embedding_block, a.head_block);
+  runtime_order order;
+  order.what = runtime_order::parse(a.order);
+  if (!a.start_block.empty()) order.start = static_cast<index_t>(part.index_of(a.start_block));
+  block_options bo;
+  bo.switch_every = a.switch_every;
+  bo.max_grad_norm = a.clip;
+  bo.seed = a.seed;
+  adam_update_rule adam;
+  if (a.lr) adam.lr = *a.lr;
+  const auto scope = a.scope == "all" ? expansion_scope::all : expansion_scope::partial;
+
+  if (a.optimizer == "adam") {
+    auto opt = make_full_optimizer(model, adam, a.clip);
+    return run_training(model, data, opt, a);
+  }
+  if (a.optimizer == "adamw") {
+    adamw_update_rule w;
+    if (a.lr) w.lr = *a.lr;
+    auto opt = make_full_optimizer(model, w, a.clip);
+    return run_training(model, data, opt, a);
+  }
+  if (a.optimizer == "sgd") {
+    sgd_update_rule s;
+    if (a.lr) s.lr = *a.lr;
+    auto opt = make_full_optimizer(model, s, a.clip);
+    return run_training(model, data, opt, a);
+  }
+  if (a.optimizer == "badam") {
+    block_optimizer<backend, adam_update_rule, runtime_order> opt(model, part, adam, order, {}, bo);
+    return run_training(model, data, opt, a);
+  }
+  if (a.optimizer == "bread-sgd") {
+    sgd_expansion e;
+    if (a.bread_lr) e.lr = *a.bread_lr;
+    e.use_sign = a.sign;
+    e.scope = scope;
+    block_optimizer<backend, adam_update_rule, runtime_order, sgd_expansion> opt(model, part, adam,
+                                                                                 order, e, bo);
+    return run_training(model, data, opt, a);
+  }
+  if (a.optimizer == "bread-lora") {
+    lora_expansion e;
+    if (a.bread_lr) e.lr = *a.bread_lr;
+    e.rank = a.rank;
+    e.loraplus_ratio = a.loraplus;
+    e.scope = scope;
+    block_optimizer<backend, adam_update_rule, runtime_order, lora_expansion> opt(model, part, adam,
+                                                                                  order, e, bo);
+    return run_training(model, data, opt, a);
+  }
+  std::fprintf(stderr,
+               "tightfit train: unknown optimizer '%s', expected adam, adamw, sgd, badam, "
+               "bread-sgd or bread-lora\n",
+               a.optimizer.c_str());
   return 2;
 }
 

@@ -1,0 +1,38 @@
+// Helpers for the optimizer tests: tiny models with identical weights, weight snapshots.
+#pragma once
+
+#include <vector>
+
+#include "stream_testing.hpp"
+#include "support/testing.hpp"
+#include "tightfit/optim/optim.hpp"
+
+namespace tightfit::optim_testing {
+
+using ref = reference_backend<double>;
+
+/// Every parameter value, by parameter.
+template <class B>
+std::vector<std::vector<double>> values_of(parameter_set<B>& p) {
+  std::vector<std::vector<double>> out;
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    auto v = p.value(i);
+    out.emplace_back(v.begin(), v.end());
+  }
+  return out;
+}
+
+/// Largest relative difference over every parameter.
+inline double max_diff(const std::vector<std::vector<double>>& a,
+                       const std::vector<std::vector<double>>& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, tightfit::testing::max_rel_diff(a[i], b[i], 1e-12));
+  return worst;
+}
+
+inline model_config config(index_t layers = 3) {
+  return tightfit::testing::tiny_config(4, 2, true, false, layers);
+}
+
+}  // namespace tightfit::optim_testing

@@ -1,0 +1,322 @@
+// BAdam / BREAD: K steps per block, state freed on switch, truncated backward == full gradients
+// restricted to the active block, in-backward BREAD-SGD == gradients first then update,
+// BREAD-LoRA's adapter step, bad input.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "optim_testing.hpp"
+
+using namespace tightfit;
+using optim_testing::max_diff;
+using optim_testing::ref;
+using optim_testing::values_of;
+using tightfit::testing::grads_of;
+using tightfit::testing::random_batch;
+
+namespace {
+
+backward_options stream_opts() {
+  backward_options o;
+  o.sched = schedule::stream;
+  o.chunk = 4;
+  return o;
+}
+
+block_options k_steps(index_t k) {
+  block_options o;
+  o.switch_every = k;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("exactly K steps per block, the first block included, in the policy's order") {
+  const auto cfg = optim_testing::config(3);
+  const random_batch batch(1, 8, cfg.vocab_size, {}, 1);
+  for (index_t k : {1, 2, 3}) {
+    ref be;
+    decoder_model<ref> model(be, cfg);
+    model.init_random(7, 0.3);
+    block_optimizer<ref, adam_update_rule, descending_order> opt(
+        model, block_partition::by_layer(model.parameters()), {}, {}, {}, k_steps(k));
+    CHECK(opt.active_block() == -1);
+    std::vector<index_t> seen;
+    sft_loss loss;
+    for (index_t s = 0; s < 7 * k; ++s) {
+      const auto r = opt.step(batch.view(), loss, stream_opts());
+      seen.push_back(r.block);
+      CHECK(r.switched == (s % k == 0));
+    }
+    std::vector<index_t> expect;
+    for (index_t b : {2, 1, 0, 2, 1, 0, 2})
+      for (index_t s = 0; s < k; ++s) expect.push_back(b);
+    CHECK(seen == expect);
+    CHECK(opt.steps() == 7 * k);
+  }
+}
+
+TEST_CASE("random order: every block once per pass of D*K steps") {
+  const auto cfg = optim_testing::config(4);
+  const random_batch batch(1, 6, cfg.vocab_size, {}, 1);
+  ref be;
+  decoder_model<ref> model(be, cfg);
+  model.init_random(7, 0.3);
+  block_options o = k_steps(2);
+  o.seed = 99;
+  block_optimizer<ref> opt(model, block_partition::by_layer(model.parameters()), {},
+                           random_reshuffle{2}, {}, o);
+  sft_loss loss;
+  std::vector<index_t> seen;
+  for (int s = 0; s < 24; ++s) seen.push_back(opt.step(batch.view(), loss, stream_opts()).block);
+  CHECK(seen.front() == 2);
+  for (int pass = 0; pass < 3; ++pass) {
+    std::set<index_t> blocks;
+    for (int s = pass * 8; s < pass * 8 + 8; s += 2) {
+      CHECK(seen[static_cast<std::size_t>(s)] == seen[static_cast<std::size_t>(s + 1)]);
+      blocks.insert(seen[static_cast<std::size_t>(s)]);
+    }
+    CHECK(blocks.size() == 4);
+  }
+}
+
+TEST_CASE("only the active block holds state and gradients; state freed on switch") {
+  const auto cfg = optim_testing::config(3);
+  const random_batch batch(2, 8, cfg.vocab_size, {8, 5}, 2);
+  ref be;
+  decoder_model<ref> model(be, cfg);
+  model.init_random(7, 0.3);
+  auto& params = model.parameters();
+  const auto part = block_partition::by_layer(params, true, true);
+  block_optimizer<ref, adam_update_rule, ascending_order> opt(model, part, {}, {}, {}, k_steps(2));
+  const std::size_t weights = be.memory().live();
+  sft_loss loss;
+  for (int s = 0; s < 10; ++s) {
+    const auto r = opt.step(batch.view(), loss, stream_opts());
+    const auto& ids = part[static_cast<std::size_t>(r.block)].ids;
+    index_t n = 0;
+    for (auto id : ids) n += params.numel(id);
+    const std::size_t block_bytes = sizeof(double) * static_cast<std::size_t>(n);
+    CHECK(opt.state_bytes() == 2 * block_bytes);
+    // live memory: the weights, the block's gradient and its two moments, nothing else
+    CHECK(be.memory().live() == weights + 3 * block_bytes);
+    std::set<std::size_t> mine(ids.begin(), ids.end());
+    for (std::size_t i = 0; i < params.size(); ++i) CHECK(params.has_grad(i) == mine.contains(i));
+  }
+}
+
+TEST_CASE("truncated backward: the active block's gradients equal the full ones, less work") {
+  for (bool tied : {false, true}) {
+    const auto cfg = tightfit::testing::tiny_config(4, 2, true, tied, 3);
+    const random_batch batch(2, 9, cfg.vocab_size, {9, 6}, 4);
+    // Full gradients of the same weights.
+    ref be_full;
+    decoder_model<ref> full(be_full, cfg);
+    full.init_random(7, 0.3, 0.2);
+    sft_loss l0;
+    const double full_loss = compute_gradients(full, batch.view(), l0, stream_opts()).loss;
+    const auto want = grads_of(full.parameters());
+    const double full_flops = be_full.stats().gemm_flops;
+
+    const auto part = block_partition::by_layer(full.parameters(), true, true);
+    for (std::size_t b = 0; b < part.size(); ++b) {
+      ref be;
+      decoder_model<ref> model(be, cfg);
+      model.init_random(7, 0.3, 0.2);
+      adam_update_rule frozen_lr;
+      frozen_lr.lr = 0;  // keep the weights: only the gradient is inspected
+      block_optimizer<ref> opt(model, part, frozen_lr, random_reshuffle{static_cast<index_t>(b)});
+      sft_loss loss;
+      const auto r = opt.step(batch.view(), loss, stream_opts());
+      CAPTURE(tied);
+      CAPTURE(part[b].name);
+      REQUIRE(r.block == static_cast<index_t>(b));
+      CHECK(r.loss == doctest::Approx(full_loss).epsilon(1e-12));
+      auto& params = model.parameters();
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        const bool mine = std::find(part[b].ids.begin(), part[b].ids.end(), i) != part[b].ids.end();
+        REQUIRE(params.has_grad(i) == mine);
+        if (mine) {
+          const auto g = params.grad(i);
+          CHECK(tightfit::testing::max_rel_diff(std::vector<double>(g.begin(), g.end()), want[i],
+                                                1e-12) < 1e-12);
+        }
+      }
+      // layers below the block are not backpropagated; frozen layers skip weight GEMMs
+      const index_t layer = static_cast<index_t>(b) - 1;  // block 0 is the embedding
+      if (layer >= 0 && layer < 3) {
+        CHECK(r.backward.lowest_layer == layer);
+        CHECK(be.stats().gemm_flops < full_flops);
+      }
+    }
+  }
+}
+
+TEST_CASE("BREAD-SGD in the backward equals computing every gradient first, then updating") {
+  const auto cfg = optim_testing::config(4);
+  const random_batch batch(2, 8, cfg.vocab_size, {8, 7}, 5);
+  for (auto scope : {expansion_scope::partial, expansion_scope::all})
+    for (bool sign : {false, true})
+      for (index_t active : {0, 2, 3}) {
+        CAPTURE(active);
+        CAPTURE(sign);
+        sgd_expansion e;
+        e.lr = 0.05;
+        e.use_sign = sign;
+        e.scope = scope;
+        adam_update_rule rule;
+        rule.lr = 0.01;
+        ref be;
+        decoder_model<ref> model(be, cfg);
+        model.init_random(7, 0.3, 0.2);
+        block_optimizer<ref, adam_update_rule, fixed_order, sgd_expansion> opt(
+            model, block_partition::by_layer(model.parameters()), rule, fixed_order{active}, e);
+        sft_loss loss;
+        // Only one inactive layer's gradient exists at any time inside the backward.
+        std::size_t most = 0;
+        auto o = stream_opts();
+        o.on_grads_ready = [&](const grads_ready&) {
+          std::size_t n = 0;
+          for (index_t l = 0; l < 4; ++l)
+            if (l != active && model.parameters().has_grad(model.layer_param_ids(l).front())) ++n;
+          most = std::max(most, n);
+        };
+        opt.step(batch.view(), loss, o);
+        CHECK(most <= 1);
+
+        // Oracle: all gradients, then SGD on the expanded layers and Adam on the active one.
+        ref be2;
+        decoder_model<ref> oracle(be2, cfg);
+        oracle.init_random(7, 0.3, 0.2);
+        sft_loss l2;
+        compute_gradients(oracle, batch.view(), l2, stream_opts());
+        auto& p2 = oracle.parameters();
+        for (index_t l = 0; l < 4; ++l) {
+          const bool expanded = l != active && (scope == expansion_scope::all || l > active);
+          for (auto id : oracle.layer_param_ids(l)) {
+            if (l == active) {
+              std::vector<double> m(static_cast<std::size_t>(p2.numel(id))), v(m.size());
+              adam_hyper<double> h;
+              h.lr = 0.01;
+              be2.adam_update(p2.value(id), std::span<const double>(p2.grad(id)),
+                              std::span<double>(m), std::span<double>(v), h);
+            } else if (expanded) {
+              sgd_hyper<double> h;
+              h.lr = 0.05;
+              h.use_sign = sign;
+              be2.sgd_update(p2.value(id), std::span<const double>(p2.grad(id)), {}, h);
+            }
+          }
+        }
+        CHECK(max_diff(values_of(model.parameters()), values_of(p2)) < 1e-13);
+        // and something did move
+        CHECK(max_diff(values_of(model.parameters()), [&] {
+                ref be3;
+                decoder_model<ref> m3(be3, cfg);
+                m3.init_random(7, 0.3, 0.2);
+                return values_of(m3.parameters());
+              }()) > 1e-6);
+      }
+}
+
+TEST_CASE("BREAD-LoRA: dU = s dW V^T on the first step, W_eff moves by s U'V, merge restarts") {
+  const auto cfg = optim_testing::config(3);
+  const random_batch batch(1, 8, cfg.vocab_size, {}, 6);
+  lora_expansion e;
+  e.rank = 2;
+  e.lr = 1e-3;
+  e.scale = 0.5;
+  e.loraplus_ratio = 4;
+  ref be;
+  decoder_model<ref> model(be, cfg);
+  model.init_random(7, 0.3, 0.2);
+  adam_update_rule frozen;
+  frozen.lr = 0;
+  block_optimizer<ref, adam_update_rule, fixed_order, lora_expansion> opt(
+      model, block_partition::by_layer(model.parameters()), frozen, fixed_order{0}, e);
+  auto& params = model.parameters();
+  // adapters: 3 layers x 7 matrices, U (out, 2) and V (2, in), each with two moments
+  std::size_t adapter_scalars = 0;
+  for (index_t l = 0; l < 3; ++l)
+    for (auto id : model.layer_param_ids(l))
+      if (params.shape(id).size() == 2)
+        adapter_scalars +=
+            static_cast<std::size_t>(2 * (params.shape(id)[0] + params.shape(id)[1]));
+  CHECK(opt.expansion().bytes() == 3 * adapter_scalars * sizeof(double));
+
+  const auto v0 = opt.expansion().adapters(2);
+  for (const auto& [u, v] : v0) {
+    CHECK(std::all_of(u.begin(), u.end(), [](double x) { return x == 0; }));
+    CHECK(std::any_of(v.begin(), v.end(), [](double x) { return x != 0; }));
+  }
+  const auto w0 = values_of(params);
+  ref be2;
+  decoder_model<ref> oracle(be2, cfg);
+  oracle.init_random(7, 0.3, 0.2);
+  sft_loss l2;
+  compute_gradients(oracle, batch.view(), l2, stream_opts());
+  sft_loss loss;
+  opt.step(batch.view(), loss, stream_opts());
+  const auto w1 = values_of(params);
+  const auto v1 = opt.expansion().adapters(2);
+  std::size_t k = 0;
+  for (auto id : model.layer_param_ids(2)) {
+    if (params.shape(id).size() != 2) continue;
+    const index_t out = params.shape(id)[0], in = params.shape(id)[1];
+    const auto& v = v0[k].second;
+    const auto& u1 = v1[k].first;
+    CHECK(v1[k].second == v);  // dV = U^T dW = 0 at U = 0
+    const auto g = oracle.parameters().grad(id);
+    for (index_t i = 0; i < out; ++i)
+      for (index_t j = 0; j < 2; ++j) {
+        double du = 0;
+        for (index_t c = 0; c < in; ++c)
+          du += 0.5 * g[static_cast<std::size_t>(i * in + c)] *
+                v[static_cast<std::size_t>(j * in + c)];
+        // Adam's first step moves by lr * ratio * du / (|du| + eps)
+        const double want = -1e-3 * 4 * du / (std::abs(du) + 1e-8);
+        CHECK(u1[static_cast<std::size_t>(i * 2 + j)] == doctest::Approx(want).epsilon(1e-9));
+      }
+    for (index_t i = 0; i < out; ++i)
+      for (index_t c = 0; c < in; ++c) {
+        double uv = 0;
+        for (index_t j = 0; j < 2; ++j)
+          uv += u1[static_cast<std::size_t>(i * 2 + j)] * v[static_cast<std::size_t>(j * in + c)];
+        const auto at = static_cast<std::size_t>(i * in + c);
+        CHECK(w1[id][at] - w0[id][at] == doctest::Approx(0.5 * uv).epsilon(1e-9).scale(1e-6));
+      }
+    ++k;
+  }
+  CHECK(max_diff({w1[model.layer_param_ids(0)[1]]}, {w0[model.layer_param_ids(0)[1]]}) == 0);
+  opt.expansion().merge();
+  CHECK(max_diff(values_of(params), w1) == 0);  // W already holds the merged weights
+  for (const auto& [u, v] : opt.expansion().adapters(2))
+    CHECK(std::all_of(u.begin(), u.end(), [](double x) { return x == 0; }));
+}
+
+TEST_CASE("bad input: K = 0, unknown block, mismatched partition or saved state") {
+  const auto cfg = optim_testing::config(2);
+  ref be;
+  decoder_model<ref> model(be, cfg);
+  const auto part = block_partition::by_layer(model.parameters());
+  using opt_t = block_optimizer<ref>;
+  CHECK_THROWS_WITH_AS(opt_t(model, part, {}, {}, {}, k_steps(0)),
+                       doctest::Contains("switch_every (K) is 0, expected >= 1"), error);
+  CHECK_THROWS_WITH_AS((block_optimizer<ref, adam_update_rule, fixed_order>(model, part)),
+                       doctest::Contains("no start block"), error);
+  CHECK_THROWS_WITH_AS(opt_t(model, part, {}, random_reshuffle{5}),
+                       doctest::Contains("start block is 5"), error);
+  CHECK_THROWS_WITH_AS(part.index_of("layer.7"), doctest::Contains("unknown block name 'layer.7'"),
+                       error);
+  ref be2;
+  decoder_model<ref> other(be2, optim_testing::config(3));
+  CHECK_THROWS_WITH_AS(opt_t(other, part), doctest::Contains("the partition covers"), error);
+  lora_expansion big;
+  big.rank = 100;
+  CHECK_THROWS_WITH_AS((block_optimizer<ref, adam_update_rule, random_reshuffle, lora_expansion>(
+                           model, part, {}, {}, big)),
+                       doctest::Contains("rank is 100"), error);
+}

@@ -1,0 +1,222 @@
+// Resume equality (bit for bit), full optimizers against the kernels, the training loop, the
+// data set file.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "optim_testing.hpp"
+#include "tightfit/optim/checkpoint.hpp"
+#include "tightfit/optim/train.hpp"
+
+using namespace tightfit;
+using optim_testing::ref;
+using optim_testing::values_of;
+using tightfit::testing::random_batch;
+
+namespace {
+
+std::filesystem::path temp_file(const std::string& name) {
+  return std::filesystem::temp_directory_path() /
+         ("tightfit_optim_" + std::to_string(::getpid()) + "_" + name);
+}
+
+backward_options stream_opts() {
+  backward_options o;
+  o.chunk = 4;
+  return o;
+}
+
+/// Runs `first` steps, saves, runs `second` more; then a fresh model + optimizer loads the
+/// checkpoint and runs `second` steps: both must end with identical weights and state.
+template <class Opt, class Make>
+void check_resume(Make make, int first, int second) {
+  const auto cfg = optim_testing::config(3);
+  std::vector<random_batch> batches;
+  for (int s = 0; s < first + second; ++s)
+    batches.emplace_back(1, 8, cfg.vocab_size, std::vector<index_t>{}, 100 + s);
+  const auto path = temp_file("resume.safetensors");
+  ref be_a;
+  decoder_model<ref> a(be_a, cfg);
+  a.init_random(7, 0.3, 0.2);
+  auto opt_a = make(a);
+  sft_loss loss;
+  for (int s = 0; s < first; ++s) opt_a.step(batches[s].view(), loss, stream_opts());
+  save_checkpoint(path, a, opt_a);
+  for (int s = first; s < first + second; ++s) opt_a.step(batches[s].view(), loss, stream_opts());
+
+  ref be_b;
+  decoder_model<ref> b(be_b, cfg);
+  b.init_random(99, 0.3, 0.2);  // other weights: the checkpoint must restore them
+  auto opt_b = make(b);
+  load_checkpoint(path, b, opt_b);
+  CHECK(opt_b.steps() == first);
+  for (int s = first; s < first + second; ++s) opt_b.step(batches[s].view(), loss, stream_opts());
+  CHECK(opt_b.active_block() == opt_a.active_block());
+  CHECK(opt_b.steps_in_block() == opt_a.steps_in_block());
+  const auto wa = values_of(a.parameters()), wb = values_of(b.parameters());
+  bool identical = true;
+  for (std::size_t i = 0; i < wa.size(); ++i) identical = identical && wa[i] == wb[i];
+  CHECK(identical);
+  // and the saved states match too
+  const auto pa = temp_file("a.safetensors"), pb = temp_file("b.safetensors");
+  save_checkpoint(pa, a, opt_a);
+  save_checkpoint(pb, b, opt_b);
+  std::ifstream fa(pa, std::ios::binary), fb(pb, std::ios::binary);
+  const std::string sa((std::istreambuf_iterator<char>(fa)), {}),
+      sb((std::istreambuf_iterator<char>(fb)), {});
+  CHECK(sa == sb);
+  std::filesystem::remove(path);
+  std::filesystem::remove(pa);
+  std::filesystem::remove(pb);
+}
+
+block_options opts(index_t k, std::uint64_t seed = 3) {
+  block_options o;
+  o.switch_every = k;
+  o.seed = seed;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("resume: BAdam with random order continues bit for bit (mid-block and at a switch)") {
+  using opt_t = block_optimizer<ref>;
+  auto make = [](decoder_model<ref>& m) {
+    return opt_t(m, block_partition::by_layer(m.parameters()), {}, {}, {}, opts(2));
+  };
+  check_resume<opt_t>(make, 3, 5);  // saved mid-block
+  check_resume<opt_t>(make, 6, 4);  // saved at the end of a pass (next step switches)
+}
+
+TEST_CASE("resume: BREAD-LoRA (adapter state) and BREAD-SGD continue bit for bit") {
+  using lora_t = block_optimizer<ref, adamw_update_rule, random_reshuffle, lora_expansion>;
+  check_resume<lora_t>(
+      [](decoder_model<ref>& m) {
+        lora_expansion e;
+        e.rank = 2;
+        e.scope = expansion_scope::all;
+        return lora_t(m, block_partition::by_layer(m.parameters(), true, true), {}, {}, e, opts(2));
+      },
+      3, 4);
+  using sgd_t = block_optimizer<ref, adam_update_rule, descending_order, sgd_expansion>;
+  check_resume<sgd_t>(
+      [](decoder_model<ref>& m) {
+        return sgd_t(m, block_partition::by_layer(m.parameters()), {}, {}, {}, opts(2));
+      },
+      2, 3);
+}
+
+TEST_CASE("load refuses a state saved by another optimizer") {
+  const auto cfg = optim_testing::config(2);
+  ref be;
+  decoder_model<ref> m(be, cfg);
+  block_optimizer<ref> badam(m, block_partition::by_layer(m.parameters()));
+  const auto path = temp_file("other.safetensors");
+  save_checkpoint(path, m, badam);
+  block_optimizer<ref, sgd_update_rule> sgd(m, block_partition::by_layer(m.parameters()));
+  CHECK_THROWS_WITH_AS(load_checkpoint(path, m, sgd),
+                       doctest::Contains("saved update rule is 'adam', this optimizer uses 'sgd'"),
+                       error);
+  block_optimizer<ref> more(m, block_partition::by_layer(m.parameters(), true));
+  CHECK_THROWS_WITH_AS(load_checkpoint(path, m, more),
+                       doctest::Contains("the saved partition has other blocks"), error);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("full optimizers: Adam over every parameter equals the kernel, state kept") {
+  const auto cfg = optim_testing::config(2);
+  const random_batch batch(1, 8, cfg.vocab_size, {}, 3);
+  ref be;
+  decoder_model<ref> m(be, cfg);
+  m.init_random(7, 0.3, 0.2);
+  adam_update_rule rule;
+  rule.lr = 0.01;
+  auto opt = make_full_optimizer(m, rule);
+  ref be2;
+  decoder_model<ref> o(be2, cfg);
+  o.init_random(7, 0.3, 0.2);
+  auto& p2 = o.parameters();
+  std::vector<std::vector<double>> ms(p2.size()), vs(p2.size());
+  for (std::size_t i = 0; i < p2.size(); ++i) {
+    ms[i].assign(static_cast<std::size_t>(p2.numel(i)), 0.0);
+    vs[i] = ms[i];
+  }
+  sft_loss loss;
+  for (int s = 1; s <= 3; ++s) {
+    const auto r = opt.step(batch.view(), loss, stream_opts());
+    CHECK(r.switched == (s == 1));
+    p2.zero_grads();
+    compute_gradients(o, batch.view(), loss, stream_opts());
+    for (std::size_t i = 0; i < p2.size(); ++i) {
+      adam_hyper<double> h;
+      h.lr = 0.01;
+      h.step = s;
+      be2.adam_update(p2.value(i), std::span<const double>(p2.grad(i)), std::span<double>(ms[i]),
+                      std::span<double>(vs[i]), h);
+    }
+  }
+  CHECK(optim_testing::max_diff(values_of(m.parameters()), values_of(p2)) < 1e-13);
+  CHECK(opt.state_bytes() == 2 * sizeof(double) * static_cast<std::size_t>(p2.total_numel()));
+}
+
+TEST_CASE("training loop: data set file, log lines, schedule, falling loss, checkpoint") {
+  const auto cfg = optim_testing::config(2);
+  std::vector<token_id> ids, labels;
+  for (index_t r = 0; r < 2; ++r)
+    for (index_t t = 0; t < 10; ++t) {
+      ids.push_back((3 * t + r) % cfg.vocab_size);
+      labels.push_back(t < 2 ? ignore_index : ids.back());
+    }
+  const token_dataset data(2, 10, ids, labels);
+  const auto file = temp_file("data.safetensors");
+  data.save(file);
+  const auto loaded = token_dataset::load(file);
+  CHECK(loaded.input_ids() == ids);
+  CHECK(loaded.labels() == labels);
+  const auto b = make_batch(loaded, 1, 2);  // rows 1, 0
+  CHECK(b.ids[0] == ids[10]);
+  CHECK(b.targets[0] == labels[11]);
+  CHECK(b.targets[9] == ignore_index);
+
+  ref be;
+  decoder_model<ref> m(be, cfg);
+  m.init_random(7, 0.1);
+  adam_update_rule rule;
+  rule.lr = 0.02;
+  auto opt = make_full_optimizer(m, rule);
+  train_options o;
+  o.steps = 12;
+  o.batch = 2;
+  o.progress = false;
+  o.log = temp_file("log.jsonl");
+  o.save_state = temp_file("state.safetensors");
+  std::vector<double> factors;
+  o.on_step = [&](std::int64_t, const step_result&) { factors.push_back(opt.lr_factor()); };
+  const auto sum = train(m, loaded, opt, cosine_schedule{3, 12}, o);
+  REQUIRE(sum.losses.size() == 12);
+  CHECK(sum.losses.back() < 0.8 * sum.losses.front());
+  CHECK(factors[0] == doctest::Approx(1.0 / 3));
+  CHECK(factors[11] == doctest::Approx(0.0));
+  CHECK(sum.peak_bytes > 0);
+  std::ifstream log(o.log);
+  std::string line;
+  int lines = 0;
+  while (std::getline(log, line)) {
+    ++lines;
+    CHECK(line.find("\"loss\":") != std::string::npos);
+  }
+  CHECK(lines == 12);
+  const auto st = safetensors_file::open(o.save_state);
+  CHECK(st.contains("optim.counters"));
+  CHECK(st.read_ints("optim.counters")[3] == 12);
+
+  token_dataset bad(1, 4, {0, 1, 2, 99});
+  CHECK_THROWS_WITH_AS(train(m, bad, opt, constant_schedule{}, o),
+                       doctest::Contains("input_ids[0][3] is 99"), error);
+  CHECK_THROWS_WITH_AS(token_dataset(1, 4, {0, 1, 2}), doctest::Contains("input_ids.size is 3"),
+                       error);
+  for (const auto& p : {file, o.log, o.save_state}) std::filesystem::remove(p);
+}
