@@ -15,7 +15,8 @@ TEST_CASE("predicted peak activation bytes equal the measured ones") {
     const auto cfg = tiny_config(4, 2, qk, !qk, 3);
     const random_batch batch(2, 23, cfg.vocab_size, {23, 17}, 3);
     for (schedule s : {schedule::full, schedule::checkpoint, schedule::stream}) {
-      CAPTURE(to_string(s));
+      const std::string name = to_string(s);
+    CAPTURE(name);
       backward_options o;
       o.sched = s;
       o.chunk = 5;
