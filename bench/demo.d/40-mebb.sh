@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Demo step: MEBB against the baseline boxes on generated suitcases (a few seconds).
+#   bash bench/demo.d/40-mebb.sh BUILD_DIR
+set -euo pipefail
+build=${1:?usage: 40-mebb.sh BUILD_DIR}
+bench="$build/bench/geometry/tightfit_mebb_bench"
+cli="$build/examples/tightfit/tightfit"
+echo "== MEBB: minimum elastic bounding box (suitcases with handles, wheels, straps and tags)"
+if [ ! -x "$bench" ]; then
+  echo "(skipped: $bench not built; needs Eigen and nanoflann)"
+  exit 0
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+"$bench" --bags 0 --seed 10 --write-scene "$tmp/bag.ply"
+if [ -x "$cli" ]; then
+  for method in mebb pca trimmed; do "$cli" measure "$tmp/bag.ply" --method "$method"; done
+fi
+echo
+"$bench" --bags 12 --noise 1 --seed 4242 --brief

@@ -1,0 +1,256 @@
+// tightfit/geometry/cloud_io.hpp: reading and writing point clouds: PLY (ASCII and binary
+// little-endian; x, y, z as float or double; other properties and elements ignored) and XYZ/CSV
+// text (three numbers per line, separated by spaces, tabs or commas; '#' comments; one header
+// line allowed).
+//
+// Every malformed input (missing header fields, big-endian or list vertex properties, truncated
+// data, a bad number, NaN or infinite coordinates) raises tightfit::error naming the file and the
+// offending line, vertex or property; nothing is silently skipped.
+#pragma once
+
+#include <cctype>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tightfit/core/error.hpp"
+#include "tightfit/geometry/point_cloud.hpp"
+
+namespace tightfit::geometry {
+
+namespace detail {
+inline int ply_type_size(const std::string& t) {
+  if (t == "char" || t == "uchar" || t == "int8" || t == "uint8") return 1;
+  if (t == "short" || t == "ushort" || t == "int16" || t == "uint16") return 2;
+  if (t == "int" || t == "uint" || t == "int32" || t == "uint32" || t == "float" || t == "float32")
+    return 4;
+  if (t == "double" || t == "float64") return 8;
+  return 0;
+}
+inline bool ply_is_float(const std::string& t) {
+  return t == "float" || t == "float32";
+}
+inline bool ply_is_double(const std::string& t) {
+  return t == "double" || t == "float64";
+}
+
+struct ply_property {
+  std::string name, type;
+  bool list = false;
+};
+struct ply_element {
+  std::string name;
+  std::size_t count = 0;
+  std::vector<ply_property> props;
+};
+}  // namespace detail
+
+/// Reads the vertices (x, y, z) of a PLY file.
+inline points read_ply(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  check(in.good(), "read_ply: cannot open '", path, "'");
+  std::string line;
+  std::getline(in, line);
+  if (!line.empty() && line.back() == '\r') line.pop_back();
+  check(line == "ply", "read_ply: '", path, "' starts with '", line.substr(0, 40),
+        "', expected 'ply'");
+  std::string format;
+  std::vector<detail::ply_element> elements;
+  bool ended = false;
+  int lineno = 1;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    std::istringstream ls(line);
+    std::string kw;
+    ls >> kw;
+    if (kw == "format") {
+      ls >> format;
+    } else if (kw == "element") {
+      detail::ply_element e;
+      long long n = -1;
+      ls >> e.name >> n;
+      check(!ls.fail() && n >= 0, "read_ply: '", path, "' line ", lineno, ": bad element line '",
+            line, "'");
+      e.count = static_cast<std::size_t>(n);
+      elements.push_back(e);
+    } else if (kw == "property") {
+      check(!elements.empty(), "read_ply: '", path, "' line ", lineno,
+            ": property before any element");
+      detail::ply_property p;
+      std::string t;
+      ls >> t;
+      if (t == "list") {
+        std::string ct, it;
+        ls >> ct >> it >> p.name;
+        p.list = true, p.type = ct + " " + it;
+      } else {
+        p.type = t;
+        ls >> p.name;
+        check(detail::ply_type_size(t) > 0, "read_ply: '", path, "' line ", lineno,
+              ": unknown type '", t, "'");
+      }
+      elements.back().props.push_back(p);
+    } else if (kw == "end_header") {
+      ended = true;
+      break;
+    }
+  }
+  check(ended, "read_ply: '", path, "' has no end_header line");
+  const bool ascii = format == "ascii";
+  check(ascii || format == "binary_little_endian", "read_ply: '", path, "' has format '", format,
+        "', expected ascii or binary_little_endian");
+  std::size_t vi = elements.size();
+  for (std::size_t e = 0; e < elements.size(); ++e)
+    if (elements[e].name == "vertex") vi = e;
+  check(vi < elements.size(), "read_ply: '", path, "' has no vertex element");
+  const auto& ve = elements[vi];
+  int ix = -1, iy = -1, iz = -1;
+  for (std::size_t k = 0; k < ve.props.size(); ++k) {
+    const auto& p = ve.props[k];
+    if (p.name == "x" || p.name == "y" || p.name == "z") {
+      check(!p.list && (detail::ply_is_float(p.type) || detail::ply_is_double(p.type)),
+            "read_ply: '", path, "' vertex property ", p.name, " has type '", p.type,
+            "', expected float or double");
+      (p.name == "x" ? ix : p.name == "y" ? iy : iz) = static_cast<int>(k);
+    }
+    check(!p.list, "read_ply: '", path, "' vertex property '", p.name,
+          "' is a list, expected scalars");
+  }
+  check(ix >= 0 && iy >= 0 && iz >= 0, "read_ply: '", path, "' vertex element lacks x, y or z");
+  // skip the elements before the vertices
+  for (std::size_t e = 0; e < vi; ++e) {
+    if (ascii) {
+      for (std::size_t r = 0; r < elements[e].count; ++r)
+        check(static_cast<bool>(std::getline(in, line)), "read_ply: '", path,
+              "' ends inside element '", elements[e].name, "'");
+    } else {
+      std::size_t sz = 0;
+      for (const auto& p : elements[e].props) {
+        check(!p.list, "read_ply: '", path, "' has list element '", elements[e].name,
+              "' before the vertices, expected the vertex element first");
+        sz += static_cast<std::size_t>(detail::ply_type_size(p.type));
+      }
+      in.seekg(static_cast<std::streamoff>(sz * elements[e].count), std::ios::cur);
+    }
+  }
+  points out(ve.count);
+  if (ascii) {
+    std::vector<double> vals(ve.props.size());
+    for (std::size_t r = 0; r < ve.count; ++r) {
+      check(static_cast<bool>(std::getline(in, line)), "read_ply: '", path, "' ends after ", r,
+            " of ", ve.count, " vertices");
+      std::istringstream ls(line);
+      for (std::size_t k = 0; k < vals.size(); ++k) {
+        std::string tok;
+        ls >> tok;
+        char* end = nullptr;
+        vals[k] = std::strtod(tok.c_str(), &end);
+        check(!tok.empty() && end && *end == '\0', "read_ply: '", path, "' vertex ", r,
+              ": property '", ve.props[k].name, "' is '", tok, "', expected a number");
+      }
+      out[r] = point3(vals[static_cast<std::size_t>(ix)], vals[static_cast<std::size_t>(iy)],
+                      vals[static_cast<std::size_t>(iz)]);
+    }
+  } else {
+    std::vector<std::size_t> offs(ve.props.size());
+    std::size_t stride = 0;
+    for (std::size_t k = 0; k < ve.props.size(); ++k)
+      offs[k] = stride, stride += static_cast<std::size_t>(detail::ply_type_size(ve.props[k].type));
+    std::vector<char> buf(stride * ve.count);
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    const auto got = static_cast<std::size_t>(in.gcount());
+    check(got == buf.size(), "read_ply: '", path, "' ends after ",
+          got / std::max<std::size_t>(stride, 1), " of ", ve.count, " vertices");
+    auto get = [&](std::size_t r, int k) {
+      const char* p = buf.data() + r * stride + offs[static_cast<std::size_t>(k)];
+      if (detail::ply_is_float(ve.props[static_cast<std::size_t>(k)].type)) {
+        float f;
+        std::memcpy(&f, p, 4);
+        return static_cast<double>(f);
+      }
+      double d;
+      std::memcpy(&d, p, 8);
+      return d;
+    };
+    for (std::size_t r = 0; r < ve.count; ++r) out[r] = point3(get(r, ix), get(r, iy), get(r, iz));
+  }
+  for (std::size_t r = 0; r < out.size(); ++r)
+    check(out[r].allFinite(), "read_ply: '", path, "' vertex ", r, " is (", out[r].x(), ", ",
+          out[r].y(), ", ", out[r].z(), "), expected finite coordinates");
+  return out;
+}
+
+/// Reads XYZ/CSV text: the first three numbers of every non-empty, non-comment line.
+inline points read_xyz(const std::string& path) {
+  std::ifstream in(path);
+  check(in.good(), "read_xyz: cannot open '", path, "'");
+  points out;
+  std::string line;
+  int lineno = 0;
+  bool first = true;
+  while (std::getline(in, line)) {
+    ++lineno;
+    for (auto& ch : line)
+      if (ch == ',' || ch == ';' || ch == '\t' || ch == '\r') ch = ' ';
+    const auto hash = line.find('#');
+    if (hash != std::string::npos) line.resize(hash);
+    std::istringstream ls(line);
+    std::string tok[3];
+    ls >> tok[0];
+    if (tok[0].empty()) continue;
+    ls >> tok[1] >> tok[2];
+    double v[3];
+    bool ok = true;
+    for (int k = 0; k < 3; ++k) {
+      char* end = nullptr;
+      v[k] = std::strtod(tok[k].c_str(), &end);
+      ok = ok && !tok[k].empty() && end && *end == '\0';
+    }
+    if (!ok && first) {  // one header line ("x,y,z") is allowed
+      first = false;
+      continue;
+    }
+    first = false;
+    check(ok, "read_xyz: '", path, "' line ", lineno, ": expected three numbers, got '",
+          line.substr(0, 60), "'");
+    const point3 p(v[0], v[1], v[2]);
+    check(p.allFinite(), "read_xyz: '", path, "' line ", lineno, ": point (", v[0], ", ", v[1],
+          ", ", v[2], ") is not finite");
+    out.push_back(p);
+  }
+  return out;
+}
+
+/// Reads a cloud by extension: .ply, otherwise XYZ/CSV text.
+inline points read_cloud(const std::string& path) {
+  const auto dot = path.find_last_of('.');
+  std::string ext = dot == std::string::npos ? "" : path.substr(dot + 1);
+  for (auto& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return ext == "ply" ? read_ply(path) : read_xyz(path);
+}
+
+/// Writes a binary little-endian PLY with double x, y, z.
+inline void write_ply(const std::string& path, const points& p) {
+  std::ofstream out(path, std::ios::binary);
+  check(out.good(), "write_ply: cannot open '", path, "'");
+  out << "ply\nformat binary_little_endian 1.0\nelement vertex " << p.size()
+      << "\nproperty double x\nproperty double y\nproperty double z\nend_header\n";
+  for (const auto& q : p) out.write(reinterpret_cast<const char*>(q.data()), 3 * sizeof(double));
+  check(out.good(), "write_ply: writing '", path, "' failed");
+}
+
+/// Writes XYZ text (one "x y z" line per point, 17 significant digits).
+inline void write_xyz(const std::string& path, const points& p) {
+  std::ofstream out(path);
+  check(out.good(), "write_xyz: cannot open '", path, "'");
+  out.precision(17);
+  for (const auto& q : p) out << q.x() << ' ' << q.y() << ' ' << q.z() << '\n';
+  check(out.good(), "write_xyz: writing '", path, "' failed");
+}
+
+}  // namespace tightfit::geometry

@@ -1,0 +1,98 @@
+// tightfit/geometry/point_cloud.hpp: the PointCloud concept and its adaptors.
+//
+// A point cloud is anything that satisfies nanoflann's dataset contract: a point count and a
+// coordinate accessor. Eigen matrices (one point per row), std::vector of indexable points and a
+// user's own type plug in with a few lines:
+//   struct my_cloud { std::size_t kdtree_get_point_count() const; double kdtree_get_pt(
+//                     std::size_t i, std::size_t d) const; };
+// Every algorithm of tightfit/geometry copies the cloud once into `points` (double precision)
+// through `to_points`, which rejects NaN and infinite coordinates with a tightfit::error naming
+// the offending point.
+#pragma once
+
+#include <Eigen/Core>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <vector>
+
+#include "tightfit/core/error.hpp"
+#include "tightfit/core/types.hpp"
+
+namespace tightfit::geometry {
+
+/// A 3D point (metres unless a caller says otherwise).
+using point3 = Eigen::Vector3d;
+/// The cloud representation every algorithm works on: (N, 3) as a vector of points.
+using points = std::vector<point3>;
+
+/// nanoflann's dataset contract: `kdtree_get_point_count()` and `kdtree_get_pt(i, d)`.
+template <class C>
+concept PointCloud = requires(const C& c, std::size_t i, std::size_t d) {
+  { c.kdtree_get_point_count() } -> std::convertible_to<std::size_t>;
+  { c.kdtree_get_pt(i, d) } -> std::convertible_to<double>;
+};
+
+/// Adapts an Eigen matrix with one point per row (N x 3, any scalar) to PointCloud.
+template <class Matrix>
+class matrix_cloud {
+ public:
+  /// Keeps a reference: `m` must outlive the adaptor.
+  explicit matrix_cloud(const Matrix& m) : m_(m) {
+    check(m.cols() == 3, "matrix_cloud: cols is ", m.cols(), ", expected 3 (x y z per row)");
+  }
+  std::size_t kdtree_get_point_count() const { return static_cast<std::size_t>(m_.rows()); }
+  double kdtree_get_pt(std::size_t i, std::size_t d) const {
+    return static_cast<double>(m_(static_cast<Eigen::Index>(i), static_cast<Eigen::Index>(d)));
+  }
+
+ private:
+  const Matrix& m_;
+};
+
+/// Adapts a std::vector of points indexable as p[0], p[1], p[2] (std::array, Eigen vectors).
+template <class Point>
+class vector_cloud {
+ public:
+  /// Keeps a reference: `v` must outlive the adaptor.
+  explicit vector_cloud(const std::vector<Point>& v) : v_(v) {}
+  std::size_t kdtree_get_point_count() const { return v_.size(); }
+  double kdtree_get_pt(std::size_t i, std::size_t d) const {
+    return static_cast<double>(v_[i][static_cast<Eigen::Index>(d)]);
+  }
+
+ private:
+  const std::vector<Point>& v_;
+};
+
+/// A `points` vector is itself usable wherever a PointCloud is expected, through this view.
+inline vector_cloud<point3> as_cloud(const points& p) {
+  return vector_cloud<point3>(p);
+}
+
+/// Copies any PointCloud into `points`; throws tightfit::error on a NaN or infinite coordinate.
+template <PointCloud C>
+points to_points(const C& cloud) {
+  const std::size_t n = cloud.kdtree_get_point_count();
+  points out(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t d = 0; d < 3; ++d) {
+      const double v = static_cast<double>(cloud.kdtree_get_pt(i, d));
+      if (!std::isfinite(v))
+        fail("point cloud: coordinate ", d, " of point ", i, " is ", v,
+             ", expected a finite value");
+      out[i][static_cast<Eigen::Index>(d)] = v;
+    }
+  }
+  return out;
+}
+
+/// Throws unless every coordinate of `p` is finite (names the first offending point).
+inline void check_finite(const points& p, const char* where) {
+  for (std::size_t i = 0; i < p.size(); ++i)
+    if (!p[i].allFinite())
+      fail(where, ": point ", i, " is (", p[i].x(), ", ", p[i].y(), ", ", p[i].z(),
+           "), expected finite coordinates");
+}
+
+}  // namespace tightfit::geometry

@@ -1,0 +1,125 @@
+// PLY (ASCII, binary little-endian; float/double; extra properties and elements) and XYZ/CSV
+// reading, and every malformed-file error.
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "geometry/support.hpp"
+#include "tightfit/geometry/cloud_io.hpp"
+
+namespace tg = tightfit::geometry;
+
+namespace {
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+template <class T>
+void put(std::string& s, T v) {
+  char b[sizeof(T)];
+  std::memcpy(b, &v, sizeof(T));
+  s.append(b, sizeof(T));
+}
+}  // namespace
+
+TEST_CASE("binary PLY written by write_ply reads back exactly") {
+  const std::string path = tg::test::temp_path("roundtrip.ply");
+  const tg::points p{{1.5, -2.25, 3.125}, {1e-9, 7, -0.1}, {0, 0, 0}};
+  tg::write_ply(path, p);
+  const auto q = tg::read_cloud(path);
+  REQUIRE(q.size() == p.size());
+  for (std::size_t i = 0; i < p.size(); ++i) CHECK(q[i] == p[i]);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("ASCII PLY with extra properties and a face element") {
+  const std::string path = tg::test::temp_path("ascii.ply");
+  write_text(path,
+             "ply\r\nformat ascii 1.0\r\ncomment made by hand\r\nelement vertex 2\r\n"
+             "property float x\r\nproperty float y\r\nproperty float z\r\nproperty uchar red\r\n"
+             "element face 1\r\nproperty list uchar int vertex_indices\r\nend_header\r\n"
+             "1 2 3 255\r\n4.5 5 6 0\r\n3 0 1 1\r\n");
+  const auto q = tg::read_ply(path);
+  REQUIRE(q.size() == 2);
+  CHECK(q[1] == tg::point3(4.5, 5, 6));
+  std::remove(path.c_str());
+}
+
+TEST_CASE("binary PLY with float coordinates among other properties") {
+  const std::string path = tg::test::temp_path("float.ply");
+  std::string s =
+      "ply\nformat binary_little_endian 1.0\nelement camera 1\nproperty double fx\n"
+      "element vertex 2\nproperty uchar flag\nproperty float x\nproperty float y\n"
+      "property float z\nproperty double intensity\nend_header\n";
+  put(s, 570.0);
+  for (int i = 0; i < 2; ++i) {
+    put(s, static_cast<unsigned char>(1));
+    put(s, 0.5f + static_cast<float>(i));
+    put(s, -1.0f);
+    put(s, 2.0f);
+    put(s, 9.0);
+  }
+  write_text(path, s);
+  const auto q = tg::read_ply(path);
+  REQUIRE(q.size() == 2);
+  CHECK(q[1] == tg::point3(1.5, -1, 2));
+  // truncated
+  write_text(path, s.substr(0, s.size() - 5));
+  CHECK_THROWS_WITH_AS(tg::read_ply(path), doctest::Contains("ends after 1 of 2 vertices"),
+                       tightfit::error);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("malformed PLY files raise a clear error") {
+  const std::string path = tg::test::temp_path("bad.ply");
+  const char* cases[][2] = {
+      {"plx\n", "expected 'ply'"},
+      {"ply\nformat binary_big_endian 1.0\nelement vertex 1\nproperty float x\nproperty float y\n"
+       "property float z\nend_header\n",
+       "binary_big_endian"},
+      {"ply\nformat ascii 1.0\nelement vertex 1\nproperty float x\nproperty float y\nend_header\n1 "
+       "2\n",
+       "lacks x, y or z"},
+      {"ply\nformat ascii 1.0\nelement vertex 1\nproperty int x\nproperty float y\nproperty float "
+       "z\n"
+       "end_header\n1 2 3\n",
+       "expected float or double"},
+      {"ply\nformat ascii 1.0\nelement vertex 2\nproperty float x\nproperty float y\nproperty "
+       "float z\n"
+       "end_header\n1 2 3\n",
+       "ends after 1 of 2"},
+      {"ply\nformat ascii 1.0\nelement vertex 1\nproperty float x\nproperty float y\nproperty "
+       "float z\n"
+       "end_header\n1 abc 3\n",
+       "expected a number"},
+      {"ply\nformat ascii 1.0\nelement vertex 1\nproperty float x\nproperty float y\nproperty "
+       "float z\n"
+       "end_header\n1 nan 3\n",
+       "expected finite"},
+      {"ply\nformat ascii 1.0\nelement vertex 1\nproperty float x\n", "no end_header"},
+  };
+  for (const auto& c : cases) {
+    write_text(path, c[0]);
+    CHECK_THROWS_WITH_AS(tg::read_ply(path), doctest::Contains(c[1]), tightfit::error);
+  }
+  CHECK_THROWS_WITH_AS(tg::read_ply(tg::test::temp_path("does_not_exist.ply")),
+                       doctest::Contains("cannot open"), tightfit::error);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("XYZ / CSV text") {
+  const std::string path = tg::test::temp_path("cloud.csv");
+  write_text(path, "x,y,z\n# comment\n1,2,3\n\n4 5 6 extra\n7\t8\t9\n");
+  const auto q = tg::read_cloud(path);
+  REQUIRE(q.size() == 3);
+  CHECK(q[2] == tg::point3(7, 8, 9));
+  write_text(path, "1 2 3\n4 5\n");
+  CHECK_THROWS_WITH_AS(tg::read_xyz(path), doctest::Contains("line 2"), tightfit::error);
+  write_text(path, "1 2 3\n4 inf 6\n");
+  CHECK_THROWS_WITH_AS(tg::read_xyz(path), doctest::Contains("not finite"), tightfit::error);
+  write_text(path, "");
+  CHECK(tg::read_xyz(path).empty());
+  std::remove(path.c_str());
+}

@@ -1,0 +1,181 @@
+// MEBB on generated suitcases with appendages (MEBB within 5 mm where the PCA box is off by more
+// than 30 mm), invariance to rigid motions of the input, degenerate inputs, batch measurement,
+// point labels and option checks.
+#include <doctest/doctest.h>
+
+#include <array>
+#include <random>
+
+#include "geometry/support.hpp"
+#include "tightfit/geometry/geometry.hpp"
+
+namespace tg = tightfit::geometry;
+
+namespace {
+double max_error(const std::array<double, 3>& got, const std::array<double, 3>& want) {
+  double e = 0;
+  for (int k = 0; k < 3; ++k)
+    e = std::max(e, std::abs(got[static_cast<std::size_t>(k)] - want[static_cast<std::size_t>(k)]));
+  return e;
+}
+
+// A lying bag with every appendage (full camera resolution: thin parts vanish at lower ones).
+tg::scene bag(std::uint64_t seed, bool full_3d = false, bool low_res = false) {
+  tg::scene_options so;
+  so.seed = seed;
+  if (low_res) so.width = 160, so.height = 120, so.focal = 142.5;
+  so.appendage_probability = 1.0;
+  so.pose = tg::scene_pose::lying;
+  so.full_3d = full_3d;
+  so.dark_probability = 0;
+  return tg::make_scene(so);
+}
+}  // namespace
+
+TEST_CASE("the scene generator is deterministic and carries its ground truth") {
+  const auto a = bag(3, false, true), b = bag(3, false, true), c = bag(4, false, true);
+  REQUIRE(a.cloud.size() == b.cloud.size());
+  CHECK(a.cloud.front() == b.cloud.front());
+  CHECK(a.cloud.back() == b.cloud.back());
+  CHECK(a.cloud.size() != c.cloud.size());
+  CHECK(a.appendages == tg::appendage_all);
+  CHECK(a.dims[0] >= a.dims[1]);
+  CHECK(a.dims[1] >= a.dims[2]);
+  CHECK(a.dims[0] <= 0.8);
+  CHECK(a.dims[2] >= 0.18);
+  CHECK(a.envelope.volume() > a.body.volume());
+  CHECK(a.body.centre.z() == doctest::Approx(a.body.extent[2] / 2));
+}
+
+TEST_CASE("bags with appendages: MEBB within 5 mm where the PCA box is off by more than 30 mm") {
+  for (std::uint64_t seed : {11u, 12u, 13u}) {
+    CAPTURE(seed);
+    const auto sc = bag(seed);
+    const auto belt = tg::belt_choice::at_z(0.0);
+    const auto m = tg::measure(sc.cloud, tg::box_method::mebb, belt);
+    const auto p = tg::measure(sc.cloud, tg::box_method::pca, belt);
+    CHECK(max_error(m.dims, sc.dims) < 0.005);
+    CHECK(max_error(p.dims, sc.dims) > 0.030);
+    REQUIRE(m.mebb.has_value());
+    CHECK((m.mebb->flags & tg::mebb_appendage) != 0);
+    // the envelope holds the appendages: larger than the body, close to the true envelope
+    CHECK(m.envelope.volume() > m.box.volume());
+    CHECK(m.envelope.sorted_dims()[0] > m.dims[0] + 0.02);
+    // labels: the appendage points sit outside the body
+    const auto labels = tg::label_points(sc.cloud, *m.mebb, true);
+    std::size_t body = 0, app = 0, app_in_truth = 0;
+    for (std::size_t i = 0; i < labels.size(); ++i) {
+      body += labels[i] == tg::point_label::body;
+      if (labels[i] == tg::point_label::appendage) {
+        ++app;
+        app_in_truth += sc.body.contains(sc.cloud[i], 0.004);
+      }
+    }
+    CHECK(body > labels.size() / 10);
+    CHECK(app > 50);
+    CHECK(app_in_truth < app / 10);
+  }
+}
+
+TEST_CASE("full 3D (no belt): six elastic faces") {
+  const auto sc = bag(5, true);
+  const auto m = tg::measure(sc.cloud, tg::box_method::mebb, {tg::belt_choice::none, {}});
+  const auto p = tg::measure(sc.cloud, tg::box_method::pca, {tg::belt_choice::none, {}});
+  CHECK_FALSE(m.belt.has_value());
+  CHECK(max_error(m.dims, sc.dims) < 0.005);
+  CHECK(max_error(p.dims, sc.dims) > 0.030);
+}
+
+TEST_CASE("invariance to rotation and translation of the input") {
+  const auto sc = bag(14);
+  const auto ref = tg::measure(sc.cloud, tg::box_method::mebb, tg::belt_choice::at_z(0.0));
+  std::mt19937_64 gen(77);
+  for (int trial = 0; trial < 2; ++trial) {
+    const Eigen::Matrix3d rot = tg::test::random_rotation(gen);
+    const tg::point3 shift(1.5, -20, 3.25);
+    tg::points moved(sc.cloud.size());
+    for (std::size_t i = 0; i < moved.size(); ++i) moved[i] = rot * sc.cloud[i] + shift;
+    const tg::plane belt{rot.col(2), rot.col(2).dot(shift)};
+    const auto m = tg::measure(moved, tg::box_method::mebb, {tg::belt_choice::given, belt});
+    // the voxel grid is axis-aligned in the belt frame: equality holds to a fraction of a voxel
+    CHECK(max_error(m.dims, ref.dims) < 0.003);
+    CHECK((m.box.centre - (rot * ref.box.centre + shift)).norm() < 0.003);
+    // and the belt is found by RANSAC on the raw scan
+    const auto d = tg::measure(moved, tg::box_method::mebb);
+    REQUIRE(d.belt.has_value());
+    CHECK(d.belt->normal.dot(rot.col(2)) > 0.999);
+    CHECK(max_error(d.dims, ref.dims) < 0.003);
+  }
+  // a yaw and a shift on the belt
+  tg::points yawed(sc.cloud.size());
+  const Eigen::Matrix3d rz = tg::rot_z(1.1);
+  for (std::size_t i = 0; i < yawed.size(); ++i)
+    yawed[i] = rz * sc.cloud[i] + tg::point3(0.3, -0.2, 0);
+  const auto y = tg::measure(yawed, tg::box_method::mebb, tg::belt_choice::at_z(0.0));
+  CHECK(max_error(y.dims, ref.dims) < 0.003);
+}
+
+TEST_CASE("degenerate inputs: a clear error or a documented degenerate result") {
+  const tg::mebb_options o;
+  const auto none = tg::belt_choice{tg::belt_choice::none, {}};
+  CHECK_THROWS_WITH_AS(tg::measure({}, tg::box_method::mebb, none),
+                       doctest::Contains("expected at least"), tightfit::error);
+  tg::points tiny(10, tg::point3(0.1, 0.2, 0.3));
+  CHECK_THROWS_AS(tg::measure(tiny, tg::box_method::mebb, none), tightfit::error);
+  tg::points same(1000, tg::point3(0.1, 0.2, 0.3));
+  CHECK_THROWS_WITH_AS(tg::measure(same, tg::box_method::mebb, none),
+                       doctest::Contains("points left"), tightfit::error);
+  tg::points with_nan(100, tg::point3(0, 0, 0));
+  with_nan[42].y() = NAN;
+  CHECK_THROWS_WITH_AS(tg::measure(with_nan, tg::box_method::mebb, none),
+                       doctest::Contains("point 42"), tightfit::error);
+  // collinear: a documented degenerate result (flag, zero thickness), not a crash
+  tg::points line;
+  for (int i = 0; i < 500; ++i) line.emplace_back(0.001 * i, 0.002 * i, -0.001 * i);
+  const auto l = tg::measure(line, tg::box_method::mebb, none);
+  REQUIRE(l.mebb.has_value());
+  CHECK((l.mebb->flags & tg::mebb_line) != 0);
+  CHECK(l.dims[0] <= std::sqrt(6.0) * 0.499 + 1e-9);  // the end faces are elastic too
+  CHECK(l.dims[0] > 0.9 * std::sqrt(6.0) * 0.499);
+  CHECK(l.dims[1] < 1e-9);
+  // coplanar: flagged flat, zero thickness
+  tg::points flat;
+  for (int i = 0; i < 60; ++i)
+    for (int j = 0; j < 40; ++j) flat.emplace_back(0.005 * i, 0.005 * j, 0.0);
+  const auto f = tg::measure(flat, tg::box_method::mebb, none);
+  CHECK((f.mebb->flags & tg::mebb_flat) != 0);
+  CHECK(f.dims[2] < 1e-9);
+  CHECK(f.dims[0] == doctest::Approx(0.295).epsilon(0.05));
+  // a flat sheet on the belt: nothing above the belt cut
+  CHECK_THROWS_WITH_AS(tg::measure(flat, tg::box_method::mebb, tg::belt_choice::at_z(0.0)),
+                       doctest::Contains("after cleaning"), tightfit::error);
+  // duplicated points change nothing
+  const auto sc = bag(15);
+  tg::points doubled = sc.cloud;
+  doubled.insert(doubled.end(), sc.cloud.begin(), sc.cloud.end());
+  const auto a = tg::measure(sc.cloud, tg::box_method::mebb, tg::belt_choice::at_z(0.0));
+  const auto b = tg::measure(doubled, tg::box_method::mebb, tg::belt_choice::at_z(0.0));
+  CHECK(max_error(a.dims, b.dims) < 1e-6);
+  // bad options and a bad belt
+  tg::mebb_options bad;
+  bad.kappa = 0;
+  CHECK_THROWS_WITH_AS(tg::measure(sc.cloud, tg::box_method::mebb, tg::belt_choice::at_z(0.0), bad),
+                       doctest::Contains("kappa"), tightfit::error);
+  CHECK_THROWS_AS(tg::measure(sc.cloud, tg::box_method::mebb,
+                              {tg::belt_choice::given, {tg::point3::Zero(), 0}}),
+                  tightfit::error);
+  CHECK_THROWS_AS(tg::parse_box_method("obb"), tightfit::error);
+  CHECK_THROWS_AS(tg::measure(line, tg::box_method::hull, none), tightfit::error);
+}
+
+TEST_CASE("measure_many: parallel batch, a bad cloud reports its error") {
+  std::vector<tg::points> clouds{bag(16).cloud, tg::points(3, tg::point3::Zero()), bag(17).cloud};
+  const auto out = tg::measure_many(clouds, tg::box_method::mebb, tg::belt_choice::at_z(0.0));
+  REQUIRE(out.size() == 3);
+  CHECK(out[0].result.has_value());
+  CHECK_FALSE(out[1].result.has_value());
+  CHECK(out[1].error.find("expected at least") != std::string::npos);
+  REQUIRE(out[2].result.has_value());
+  const auto single = tg::measure(clouds[2], tg::box_method::mebb, tg::belt_choice::at_z(0.0));
+  CHECK(out[2].result->dims == single.dims);
+}
