@@ -85,7 +85,8 @@ struct row {
   std::string sched, objective = "sft";
   index_t seq = 0, chunk = 0;
   double peak_bytes = 0, predicted_bytes = 0, rss_mib = 0, fwd_s = 0, total_s = 0, flops = 0,
-         loss = 0, max_grad_diff = -1, stats_s = 0;
+         loss = 0, max_grad_diff = -1, stats_s = 0,
+         gemm = 0;  ///< the machine's GEMM GFLOP/s, measured right after this row's run
 };
 
 struct batch_data {
@@ -156,22 +157,24 @@ row measure(decoder_model<backend>& model, const batch_data& data, index_t batch
   out.flops = be.stats().gemm_flops + be.stats().attention_flops;
   out.loss = r.loss;
   out.rss_mib = peak_rss_mib();
+  out.gemm = gemm_gflops();
   return out;
 }
 
 void print_header() {
-  std::printf("%-10s %6s %6s %10s %10s %8s %9s %8s %8s %8s %7s %7s\n", "schedule", "T", "chunk",
-              "peak_MiB", "pred_MiB", "B/token", "RSS_MiB", "fwd_s", "bwd_s", "total_s", "GFLOP/s",
-              "%GEMM");
+  std::printf("%-5s %-10s %6s %6s %10s %10s %8s %9s %8s %8s %8s %8s %7s %7s %7s\n", "obj",
+              "schedule", "T", "chunk", "peak_MiB", "pred_MiB", "B/token", "RSS_MiB", "fwd_s",
+              "bwd_s", "stats_s", "total_s", "GFLOP/s", "GEMM", "%GEMM");
 }
-void print_row(const row& r, index_t batch, double gemm) {
+void print_row(const row& r, index_t batch) {
   const double gf = r.flops / r.total_s / 1e9;
   std::printf(
-      "%-5s %-10s %6lld %6lld %10.1f %10.1f %8.0f %9.1f %8.2f %8.2f %8.2f %8.2f %7.1f %6.0f%%",
+      "%-5s %-10s %6lld %6lld %10.1f %10.1f %8.0f %9.1f %8.2f %8.2f %8.2f %8.2f %7.1f %7.1f "
+      "%6.0f%%",
       r.objective.c_str(), r.sched.c_str(), static_cast<long long>(r.seq),
       static_cast<long long>(r.chunk), r.peak_bytes / 1048576.0, r.predicted_bytes / 1048576.0,
       r.peak_bytes / double(r.seq * batch), r.rss_mib, r.fwd_s, r.total_s - r.fwd_s, r.stats_s,
-      r.total_s, gf, 100.0 * gf / gemm);
+      r.total_s, gf, r.gemm, 100.0 * gf / r.gemm);
   if (r.max_grad_diff >= 0) std::printf("  max|dgrad|/max|g| vs full: %.2e", r.max_grad_diff);
   std::printf("\n");
   std::fflush(stdout);
@@ -229,9 +232,10 @@ inline int stream_bench_main(int argc, char** argv, const std::string& self_comm
       const index_t seq = parse_list(seqs).at(0);
       const auto data = make_batch(batch, seq, cfg.vocab_size);
       const row r = measure(model, data, batch, seq, parse_schedule(scheds), chunk, objective);
-      std::printf("ROW %s %lld %lld %.0f %.0f %.3f %.6f %.6f %.6e %.8f %.6f\n", r.sched.c_str(),
-                  static_cast<long long>(r.seq), static_cast<long long>(r.chunk), r.peak_bytes,
-                  r.predicted_bytes, r.rss_mib, r.fwd_s, r.total_s, r.flops, r.loss, r.stats_s);
+      std::printf("ROW %s %lld %lld %.0f %.0f %.3f %.6f %.6f %.6e %.8f %.6f %.3f\n",
+                  r.sched.c_str(), static_cast<long long>(r.seq), static_cast<long long>(r.chunk),
+                  r.peak_bytes, r.predicted_bytes, r.rss_mib, r.fwd_s, r.total_s, r.flops, r.loss,
+                  r.stats_s, r.gemm);
       return 0;
     }
     const double gemm = gemm_gflops();
@@ -244,7 +248,10 @@ inline int stream_bench_main(int argc, char** argv, const std::string& self_comm
         static_cast<long long>(cfg.num_key_value_heads), static_cast<long long>(cfg.head_dim),
         static_cast<long long>(cfg.intermediate_size), static_cast<long long>(cfg.vocab_size),
         static_cast<long long>(batch), concurrency());
-    std::printf("machine GEMM (2048x512x1536 float, same run): %.1f GFLOP/s\n", gemm);
+    std::printf(
+        "machine GEMM (2048x512x1536 float) at start: %.1f GFLOP/s; each row's GEMM column "
+        "is measured in its own process right after its run\n",
+        gemm);
     print_header();
     std::vector<row> rows;
     for (index_t seq : parse_list(seqs)) {
@@ -271,7 +278,7 @@ inline int stream_bench_main(int argc, char** argv, const std::string& self_comm
               }
             r.max_grad_diff = num / den;
           }
-          print_row(r, batch, gemm);
+          print_row(r, batch);
           rows.push_back(r);
         }
         continue;
@@ -289,9 +296,9 @@ inline int stream_bench_main(int argc, char** argv, const std::string& self_comm
         while (std::fgets(line, sizeof line, child) != nullptr) {
           char sched[32];
           long long t = 0, c = 0;
-          if (std::sscanf(line, "ROW %31s %lld %lld %lf %lf %lf %lf %lf %lf %lf %lf", sched, &t, &c,
-                          &r.peak_bytes, &r.predicted_bytes, &r.rss_mib, &r.fwd_s, &r.total_s,
-                          &r.flops, &r.loss, &r.stats_s) == 11) {
+          if (std::sscanf(line, "ROW %31s %lld %lld %lf %lf %lf %lf %lf %lf %lf %lf %lf", sched, &t,
+                          &c, &r.peak_bytes, &r.predicted_bytes, &r.rss_mib, &r.fwd_s, &r.total_s,
+                          &r.flops, &r.loss, &r.stats_s, &r.gemm) == 12) {
             r.objective = objective;
             r.sched = sched;
             r.seq = t;
@@ -303,7 +310,7 @@ inline int stream_bench_main(int argc, char** argv, const std::string& self_comm
         }
         const int status = pclose(child);
         check(got && status == 0, "bench_stream: measurement '", cmd, "' failed");
-        print_row(r, batch, gemm);
+        print_row(r, batch);
         rows.push_back(r);
       }
     }
@@ -311,16 +318,16 @@ inline int stream_bench_main(int argc, char** argv, const std::string& self_comm
       FILE* f = std::fopen(csv.c_str(), "w");
       check(f != nullptr, "bench_stream: cannot write ", csv);
       std::fprintf(f,
-                   "schedule,T,chunk,batch,peak_activation_bytes,predicted_bytes,"
+                   "objective,schedule,T,chunk,batch,peak_activation_bytes,predicted_bytes,"
                    "bytes_per_token,peak_rss_mib,forward_s,backward_s,total_s,gflops,"
-                   "gemm_gflops,loss\n");
+                   "gemm_gflops,loss,statistics_s\n");
       for (const auto& r : rows)
         std::fprintf(
             f, "%s,%s,%lld,%lld,%lld,%.0f,%.0f,%.1f,%.1f,%.4f,%.4f,%.4f,%.2f,%.2f,%.8f,%.4f\n",
             r.objective.c_str(), r.sched.c_str(), static_cast<long long>(r.seq),
             static_cast<long long>(r.chunk), static_cast<long long>(batch), r.peak_bytes,
             r.predicted_bytes, r.peak_bytes / double(r.seq * batch), r.rss_mib, r.fwd_s,
-            r.total_s - r.fwd_s, r.total_s, r.flops / r.total_s / 1e9, gemm, r.loss, r.stats_s);
+            r.total_s - r.fwd_s, r.total_s, r.flops / r.total_s / 1e9, r.gemm, r.loss, r.stats_s);
       std::fclose(f);
       std::printf("wrote %s\n", csv.c_str());
     }

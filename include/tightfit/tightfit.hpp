@@ -21,6 +21,7 @@
 #include "tightfit/nn/model.hpp"
 #include "tightfit/nn/parameters.hpp"
 #include "tightfit/nn/presets.hpp"
+#include "tightfit/optim/optim.hpp"
 #include "tightfit/stream/backward.hpp"
 #include "tightfit/stream/forward.hpp"
 #include "tightfit/stream/head.hpp"
@@ -28,6 +29,9 @@
 
 #if __has_include(<Eigen/Core>)
 #include "tightfit/backend/eigen.hpp"
+#endif
+#if __has_include(<Eigen/Core>) && __has_include(<nanoflann.hpp>)
+#include "tightfit/geometry/geometry.hpp"
 #endif
 #if __has_include(<nlohmann/json.hpp>)
 #include "tightfit/io/hf.hpp"
