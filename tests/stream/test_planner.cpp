@@ -16,7 +16,7 @@ TEST_CASE("predicted peak activation bytes equal the measured ones") {
     const random_batch batch(2, 23, cfg.vocab_size, {23, 17}, 3);
     for (schedule s : {schedule::full, schedule::checkpoint, schedule::stream}) {
       const std::string name = to_string(s);
-    CAPTURE(name);
+      CAPTURE(name);
       backward_options o;
       o.sched = s;
       o.chunk = 5;

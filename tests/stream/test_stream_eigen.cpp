@@ -44,7 +44,7 @@ TEST_CASE("eigen backend: stream, checkpoint and full equal the reference backen
     for (index_t chunk : {index_t{37}, index_t{64}}) {
       if (s != schedule::stream && chunk != 37) continue;
       const std::string name = to_string(s);
-    CAPTURE(name);
+      CAPTURE(name);
       CAPTURE(chunk);
       eigen_backend<double> be;
       const auto got = gradients(be, cfg, batch, s, chunk);
