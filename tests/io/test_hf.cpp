@@ -111,6 +111,7 @@ model_config tiny(const std::string& arch = "Qwen3ForCausalLM", bool tied = fals
   c.head_dim = 6;  // != hidden / heads, as Qwen3 allows
   c.tie_word_embeddings = tied;
   c.qk_norm = arch == "Qwen3ForCausalLM";
+  c.qkv_bias = arch == "Qwen2ForCausalLM";
   return c;
 }
 
@@ -127,6 +128,12 @@ host_params<T> model_params(const model_config& c, std::uint64_t seed) {
     p.add(pre + "self_attn.k_proj.weight", {c.kv_width(), d});
     p.add(pre + "self_attn.v_proj.weight", {c.kv_width(), d});
     p.add(pre + "self_attn.o_proj.weight", {d, c.q_width()});
+    if (c.qkv_bias) {
+      p.add(pre + "self_attn.q_proj.bias", {c.q_width()});
+      p.add(pre + "self_attn.k_proj.bias", {c.kv_width()});
+      p.add(pre + "self_attn.v_proj.bias", {c.kv_width()});
+    }
+    if (c.o_bias) p.add(pre + "self_attn.o_proj.bias", {d});
     if (c.qk_norm) {
       p.add(pre + "self_attn.q_norm.weight", {hd});
       p.add(pre + "self_attn.k_norm.weight", {hd});
@@ -173,6 +180,8 @@ TEST_CASE("config.json of Llama, Qwen2 and Qwen3 (modelled on real checkpoints)"
   CHECK(l.rope_theta == 10000.0);
   CHECK_FALSE(l.tie_word_embeddings);
   CHECK_FALSE(l.qk_norm);
+  CHECK_FALSE(l.qkv_bias);
+  CHECK_FALSE(l.o_bias);
 
   write_text(dir / "qwen2.json", qwen25);
   const model_config q2 = load_hf_config(dir / "qwen2.json");  // a file
@@ -182,6 +191,8 @@ TEST_CASE("config.json of Llama, Qwen2 and Qwen3 (modelled on real checkpoints)"
   CHECK(q2.rope_theta == 1e6);
   CHECK(q2.tie_word_embeddings);
   CHECK_FALSE(q2.qk_norm);
+  CHECK(q2.qkv_bias);  // Qwen2's q/k/v biases are unconditional
+  CHECK_FALSE(q2.o_bias);
 
   write_text(dir / "qwen3.json", qwen3);
   const model_config q3 = load_hf_config(dir / "qwen3.json");
@@ -191,6 +202,26 @@ TEST_CASE("config.json of Llama, Qwen2 and Qwen3 (modelled on real checkpoints)"
   CHECK(q3.rms_norm_eps == 1e-6);
   CHECK(q3.tie_word_embeddings);
   CHECK(q3.qk_norm);
+  CHECK_FALSE(q3.qkv_bias);
+  CHECK_FALSE(q3.o_bias);
+}
+
+TEST_CASE("config.json: attention biases as transformers creates them") {
+  scratch_dir dir;
+  const json llama = json::parse(tinyllama), q2 = json::parse(qwen25), q3 = json::parse(qwen3);
+  auto biases = [&](json j, const json& attention_bias) {
+    j["attention_bias"] = attention_bias;
+    write_text(dir / "config.json", j.dump());
+    const model_config c = load_hf_config(dir.path());
+    return std::pair{c.qkv_bias, c.o_bias};
+  };
+  // Llama and Qwen3: attention_bias puts biases on q, k, v and o_proj.
+  CHECK(biases(llama, true) == std::pair{true, true});
+  CHECK(biases(llama, false) == std::pair{false, false});
+  CHECK(biases(q3, true) == std::pair{true, true});
+  // Qwen2: q/k/v always, o_proj never, whatever attention_bias says (transformers ignores it).
+  CHECK(biases(q2, true) == std::pair{true, false});
+  CHECK(biases(q2, false) == std::pair{true, false});
 }
 
 TEST_CASE("config.json defaults and model_type without architectures") {
@@ -249,8 +280,7 @@ TEST_CASE("config.json: unsupported options and malformed input are refused by n
       {patched(q2, "use_sliding_window", true), "use_sliding_window: true"},
       {patched(q3, "layer_types", json::array({"full_attention", "sliding_attention"})),
        "only \"full_attention\" layers"},
-      {patched(llama, "attention_bias", true), "attention_bias: true is not supported"},
-      {patched(q3, "attention_bias", true), "attention_bias: true is not supported"},
+      {patched(llama, "attention_bias", 1), "field \"attention_bias\" is 1"},
       {patched(llama, "mlp_bias", true), "mlp_bias: true is not supported"},
       {patched(llama, "hidden_act", "gelu"), "hidden_act \"gelu\" is not supported"},
       {patched(llama, "hidden_size", erase), "missing field \"hidden_size\""},
@@ -271,8 +301,6 @@ TEST_CASE("config.json: unsupported options and malformed input are refused by n
     CHECK(contains(message, c.message));
     CHECK(contains(message, "config.json"));  // names the file
   }
-  // Qwen2 has no attention_bias option (its q/k/v biases are unconditional): not refused here.
-  CHECK(config_error(dir, patched(q2, "attention_bias", true)) == "<no error>");
 
   write_text(dir / "config.json", R"({"vocab_size": 10, "vocab_size": 12})");
   CHECK(contains(error_of([&] { (void)load_hf_config(dir.path()); }),
@@ -284,9 +312,12 @@ TEST_CASE("config.json: unsupported options and malformed input are refused by n
 
 TEST_CASE("save_hf_config writes a config.json that loads back identically") {
   scratch_dir dir;
-  for (const char* arch : {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}) {
+  for (const char* arch : {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "biased"}) {
     CAPTURE(arch);
-    model_config c = tiny(arch, std::string(arch) == "Qwen2ForCausalLM");
+    const bool biased = std::string(arch) == "biased";  // Llama with attention_bias: true
+    model_config c =
+        tiny(biased ? "LlamaForCausalLM" : arch, std::string(arch) == "Qwen2ForCausalLM");
+    if (biased) c.qkv_bias = c.o_bias = true;
     c.rms_norm_eps = 1.0 / 3.0 * 1e-5;  // not a short decimal: must survive the round trip
     c.rope_theta = 123456.789;
     save_hf_config(c, dir.path());
@@ -303,17 +334,25 @@ TEST_CASE("save_hf_config writes a config.json that loads back identically") {
     CHECK(r.rope_theta == c.rope_theta);
     CHECK(r.tie_word_embeddings == c.tie_word_embeddings);
     CHECK(r.qk_norm == c.qk_norm);
+    CHECK(r.qkv_bias == c.qkv_bias);
+    CHECK(r.o_bias == c.o_bias);
     std::ifstream in(dir / "config.json");
     const json j = json::parse(in);
     CHECK(j["hidden_act"] == "silu");
     const std::map<std::string, std::string> types = {{"LlamaForCausalLM", "llama"},
                                                       {"Qwen2ForCausalLM", "qwen2"},
                                                       {"Qwen3ForCausalLM", "qwen3"}};
-    CHECK(j["model_type"] == types.at(arch));
+    CHECK(j["model_type"] == types.at(c.architecture));
   }
   model_config bad = tiny("Qwen3ForCausalLM");
   bad.qk_norm = false;
   CHECK(contains(error_of([&] { save_hf_config(bad, dir.path()); }), "q_norm / k_norm"));
+  bad = tiny("Qwen2ForCausalLM");
+  bad.o_bias = true;
+  CHECK(contains(error_of([&] { save_hf_config(bad, dir.path()); }), "never an o_proj bias"));
+  bad = tiny("LlamaForCausalLM");
+  bad.qkv_bias = true;
+  CHECK(contains(error_of([&] { save_hf_config(bad, dir.path()); }), "either both"));
   bad = tiny("GPT2LMHeadModel");
   CHECK(contains(error_of([&] { save_hf_config(bad, dir.path()); }), "\"GPT2LMHeadModel\""));
 }
@@ -398,7 +437,8 @@ TEST_CASE("weights: tied embeddings, missing, extra and mismatched tensors") {
   CHECK(
       std::equal(one_layer.value(1).begin(), one_layer.value(1).end(), writable.value(1).begin()));
 
-  // Biases (Qwen2's q/k/v) and non-floating tensors are refused; inv_freq buffers ignored.
+  // A bias the config does not call for and non-floating tensors are refused; inv_freq
+  // buffers ignored.
   auto with_extra = [&](const std::string& name, bool as_int) {
     safetensors_writer w;
     for (std::size_t i = 0; i < writable.size(); ++i) {
@@ -515,9 +555,12 @@ TEST_CASE("save_gradients writes the gradients that exist under the parameter na
 
 TEST_CASE("decoder_model<reference_backend>: weights and gradients round trip by HF names") {
   scratch_dir dir;
-  for (const bool tied : {false, true}) {
+  for (const auto& [arch, tied] :
+       {std::pair{"Qwen3ForCausalLM", false}, std::pair{"Qwen3ForCausalLM", true},
+        std::pair{"Qwen2ForCausalLM", true}}) {
+    CAPTURE(arch);
     CAPTURE(tied);
-    const model_config c = tiny("Qwen3ForCausalLM", tied);
+    const model_config c = tiny(arch, tied);
     reference_backend<double> be;
     decoder_model<reference_backend<double>> a(be, c), b(be, c);
     a.init_random(1, 0.02, 0.1);
@@ -535,6 +578,12 @@ TEST_CASE("decoder_model<reference_backend>: weights and gradients round trip by
     const auto st = safetensors_file::open(dir / "model.safetensors");
     CHECK(st.size() == pa.size());
     CHECK(st.contains("lm_head.weight") == !tied);
+    CHECK(st.contains("model.layers.1.self_attn.v_proj.bias") == c.qkv_bias);
+    if (c.qkv_bias) {  // biases start random (not at 1 like the norm weights)
+      const auto bias = st.read<double>("model.layers.1.self_attn.v_proj.bias");
+      CHECK(bias.size() == static_cast<std::size_t>(c.kv_width()));
+      CHECK(std::any_of(bias.begin(), bias.end(), [](double v) { return v < 0.5; }));
+    }
 
     pa.allocate_grad(0);
     pa.allocate_grad(pa.size() - 1);

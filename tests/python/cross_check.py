@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Cross-check of `tightfit grad` against PyTorch autograd (an independent framework).
 
-Builds small random Llama- and Qwen3-style models in plain PyTorch (own modules, float64),
+Builds small random Llama-, Qwen2- (q/k/v biases), Qwen3-style models and a Llama with
+attention_bias (q/k/v/o biases) in plain PyTorch (own modules, float64),
 saves config.json + model.safetensors and batches, runs `tightfit grad --dtype f64` under
 every schedule for SFT, GRPO and DPO, and compares the loss and every gradient with torch
 autograd: relative error (max |diff| / max |ref| per tensor) at most 1e-9.
@@ -29,8 +30,15 @@ class Model(torch.nn.Module):
         g = torch.Generator().manual_seed(seed)
         self.cfg = cfg
         d, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-        h, hkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-        self.qk_norm = cfg["architectures"][0] == "Qwen3ForCausalLM"
+        h, hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+        hd = cfg.get("head_dim", d // h)  # Qwen2 configs do not give head_dim
+        self.head_dim = hd
+        arch = cfg["architectures"][0]
+        self.qk_norm = arch == "Qwen3ForCausalLM"
+        # transformers: Qwen2 has q/k/v biases always and no o_proj bias; Llama / Qwen3 put
+        # biases on q/k/v/o when attention_bias is true
+        self.qkv_bias = arch == "Qwen2ForCausalLM" or cfg.get("attention_bias", False)
+        self.o_bias = arch != "Qwen2ForCausalLM" and cfg.get("attention_bias", False)
         p = {}
 
         def mat(*shape):
@@ -47,6 +55,12 @@ class Model(torch.nn.Module):
             p[pre + "self_attn.k_proj.weight"] = mat(hkv * hd, d)
             p[pre + "self_attn.v_proj.weight"] = mat(hkv * hd, d)
             p[pre + "self_attn.o_proj.weight"] = mat(d, h * hd)
+            if self.qkv_bias:
+                p[pre + "self_attn.q_proj.bias"] = mat(h * hd)
+                p[pre + "self_attn.k_proj.bias"] = mat(hkv * hd)
+                p[pre + "self_attn.v_proj.bias"] = mat(hkv * hd)
+            if self.o_bias:
+                p[pre + "self_attn.o_proj.bias"] = mat(d)
             if self.qk_norm:
                 p[pre + "self_attn.q_norm.weight"] = norm(hd)
                 p[pre + "self_attn.k_norm.weight"] = norm(hd)
@@ -73,16 +87,21 @@ class Model(torch.nn.Module):
     def logits(self, ids, lengths):
         c, P = self.cfg, self.params
         B, T = ids.shape
-        h, hkv, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+        h, hkv, hd = c["num_attention_heads"], c["num_key_value_heads"], self.head_dim
         x = P["model.embed_tokens.weight"][ids]
         pos = torch.arange(T)
         mask = (pos[None, :] <= pos[:, None])[None, :, :] & (pos[None, None, :] < lengths[:, None, None])
         for l in range(c["num_hidden_layers"]):
             pre = f"model.layers.{l}."
             a = self.rms(x, P[pre + "input_layernorm.weight"])
-            q = (a @ P[pre + "self_attn.q_proj.weight"].T).view(B, T, h, hd).transpose(1, 2)
-            k = (a @ P[pre + "self_attn.k_proj.weight"].T).view(B, T, hkv, hd).transpose(1, 2)
-            v = (a @ P[pre + "self_attn.v_proj.weight"].T).view(B, T, hkv, hd).transpose(1, 2)
+
+            def linear(name, inp):
+                w, b = P[pre + name + ".weight"], P.get(pre + name + ".bias")
+                return torch.nn.functional.linear(inp, w, b)
+
+            q = linear("self_attn.q_proj", a).view(B, T, h, hd).transpose(1, 2)
+            k = linear("self_attn.k_proj", a).view(B, T, hkv, hd).transpose(1, 2)
+            v = linear("self_attn.v_proj", a).view(B, T, hkv, hd).transpose(1, 2)
             if self.qk_norm:
                 q = self.rms(q, P[pre + "self_attn.q_norm.weight"])
                 k = self.rms(k, P[pre + "self_attn.k_norm.weight"])
@@ -92,7 +111,7 @@ class Model(torch.nn.Module):
             s = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
             s = s.masked_fill(~mask[:, None, :, :], float("-inf"))
             o = (s.softmax(-1) @ v).transpose(1, 2).reshape(B, T, h * hd)
-            x = x + o @ P[pre + "self_attn.o_proj.weight"].T
+            x = x + linear("self_attn.o_proj", o)
             m = self.rms(x, P[pre + "post_attention_layernorm.weight"])
             act = torch.nn.functional.silu(m @ P[pre + "mlp.gate_proj.weight"].T) * (m @ P[pre + "mlp.up_proj.weight"].T)
             x = x + act @ P[pre + "mlp.down_proj.weight"].T
@@ -188,6 +207,17 @@ def main():
                       num_attention_heads=4, num_key_value_heads=1, head_dim=8,
                       rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
                       hidden_act="silu", max_position_embeddings=64),
+        "qwen2": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_size=47,
+                      hidden_size=24, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
+                      rope_theta=1000000.0, tie_word_embeddings=True, hidden_act="silu",
+                      use_sliding_window=False, max_position_embeddings=64),
+        "llama-bias": dict(architectures=["LlamaForCausalLM"], model_type="llama",
+                           vocab_size=41, hidden_size=16, intermediate_size=28,
+                           num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                           head_dim=8, rms_norm_eps=1e-5, rope_theta=10000.0,
+                           tie_word_embeddings=False, attention_bias=True, mlp_bias=False,
+                           hidden_act="silu", max_position_embeddings=64),
     }
     checks = 0
     worst = 0.0

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "stream_testing.hpp"
+#include "tightfit/nn/presets.hpp"
 #include "tightfit/stream/planner.hpp"
 
 using namespace tightfit;
@@ -12,7 +13,8 @@ using tightfit::testing::tiny_config;
 
 TEST_CASE("predicted peak activation bytes equal the measured ones") {
   for (bool qk : {false, true}) {
-    const auto cfg = tiny_config(4, 2, qk, !qk, 3);
+    auto cfg = tiny_config(4, 2, qk, !qk, 3);
+    cfg.qkv_bias = !qk;  // Qwen2-like: the bias GEMMs' ones columns are counted too
     const random_batch batch(2, 23, cfg.vocab_size, {23, 17}, 3);
     for (schedule s : {schedule::full, schedule::checkpoint, schedule::stream}) {
       const std::string name = to_string(s);
@@ -73,4 +75,19 @@ TEST_CASE("plan_memory finds the largest chunk and sequence lengths within a bud
   CHECK(plan.max_seq_stream > plan.max_seq_checkpoint);
   CHECK(plan.max_seq_checkpoint > plan.max_seq_full);
   CHECK_THROWS_AS(plan_memory<float>(cfg, 0, 16, budget), error);
+}
+
+TEST_CASE("every preset is a valid configuration the planner accepts") {
+  for (const auto& name : preset_names()) {
+    CAPTURE(name);
+    const model_config c = preset_config(name);
+    c.validate();
+    CHECK(c.qk_norm == (c.architecture == "Qwen3ForCausalLM"));
+    CHECK(c.qkv_bias == (c.architecture == "Qwen2ForCausalLM"));
+    backward_options o;
+    o.sched = schedule::stream;
+    o.chunk = 64;
+    CHECK(predict_peak_activation_bytes<float>(c, 1, 256, o) > 0);
+  }
+  CHECK_THROWS_AS(preset_config("gpt2"), error);
 }

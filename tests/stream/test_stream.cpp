@@ -63,14 +63,17 @@ TEST_CASE("stream, checkpoint and full give the same loss and gradients (double)
     index_t batch, seq_len;
     std::vector<index_t> lengths;
     index_t chunk;
+    bool qkv_bias, o_bias;
   };
   const std::vector<variant> variants = {
-      {2, 2, false, false, 1, 11, {}, 4},       // MHA, T not a multiple of the chunk
-      {4, 2, true, false, 2, 9, {9, 5}, 2},     // GQA 2, q/k-norm, padding
-      {4, 1, true, true, 3, 7, {7, 3, 6}, 3},   // GQA 4, tied, three lengths
-      {2, 1, false, true, 2, 6, {4, 6}, 1},     // chunk = 1
-      {4, 4, true, false, 1, 5, {}, 8},         // chunk >= T: one chunk
-      {4, 2, false, false, 2, 13, {13, 1}, 5},  // a sequence of length 1
+      {2, 2, false, false, 1, 11, {}, 4, false, false},       // MHA, T not a multiple of chunk
+      {4, 2, true, false, 2, 9, {9, 5}, 2, false, false},     // GQA 2, q/k-norm, padding
+      {4, 1, true, true, 3, 7, {7, 3, 6}, 3, false, false},   // GQA 4, tied, three lengths
+      {2, 1, false, true, 2, 6, {4, 6}, 1, false, false},     // chunk = 1
+      {4, 4, true, false, 1, 5, {}, 8, false, false},         // chunk >= T: one chunk
+      {4, 2, false, false, 2, 13, {13, 1}, 5, false, false},  // a sequence of length 1
+      {4, 2, false, true, 2, 9, {9, 6}, 4, true, false},      // Qwen2: q/k/v biases
+      {4, 1, true, false, 2, 7, {5, 7}, 3, true, true},       // q/k/v/o biases before q/k-norm
   };
   for (const auto& v : variants) {
     CAPTURE(v.heads);
@@ -79,7 +82,11 @@ TEST_CASE("stream, checkpoint and full give the same loss and gradients (double)
     CAPTURE(v.tied);
     CAPTURE(v.batch);
     CAPTURE(v.chunk);
-    const auto cfg = tiny_config(v.heads, v.kv_heads, v.qk_norm, v.tied);
+    CAPTURE(v.qkv_bias);
+    CAPTURE(v.o_bias);
+    auto cfg = tiny_config(v.heads, v.kv_heads, v.qk_norm, v.tied);
+    cfg.qkv_bias = v.qkv_bias;
+    cfg.o_bias = v.o_bias;
     const random_batch batch(v.batch, v.seq_len, cfg.vocab_size, v.lengths, 11 + v.chunk);
     const auto full = run(cfg, batch, with(schedule::full, v.chunk));
     const auto ckpt = run(cfg, batch, with(schedule::checkpoint, v.chunk));
@@ -109,42 +116,46 @@ TEST_CASE("stream, checkpoint and full give the same loss and gradients (double)
 }
 
 TEST_CASE("finite differences of the loss match the stream gradients") {
-  const auto cfg = tiny_config(4, 2, true, false);
-  const random_batch batch(2, 6, cfg.vocab_size, {6, 4}, 5, 0.1);
-  ref be;
-  decoder_model<ref> model(be, cfg);
-  model.init_random(3, 0.3, 0.2);
-  sft_loss loss;
-  compute_gradients(model, batch.view(), loss, with(schedule::stream, 4));
-  auto& params = model.parameters();
-  backward_options loss_only = with(schedule::stream, 4);
-  loss_only.embedding_grad = false;
-  loss_only.head_grad = false;
-  loss_only.layer_weight_grads.assign(static_cast<std::size_t>(cfg.num_hidden_layers), false);
-  auto loss_at = [&] {
-    sft_loss l;
-    return compute_gradients(model, batch.view(), l, loss_only).loss;
-  };
-  const double h = 1e-5;
-  int checked = 0;
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    auto value = params.value(i);
-    auto grad = params.grad(i);
-    for (std::size_t k : {std::size_t{0}, value.size() / 2, value.size() - 1}) {
-      const double saved = value[k];
-      value[k] = saved + h;
-      const double up = loss_at();
-      value[k] = saved - h;
-      const double down = loss_at();
-      value[k] = saved;
-      const double fd = (up - down) / (2 * h);
-      CAPTURE(params.name(i));
-      CAPTURE(k);
-      CHECK(std::abs(fd - grad[k]) <= 1e-6 * std::max(1.0, std::abs(fd)));
-      ++checked;
+  for (const bool biases : {false, true}) {  // q/k/v/o biases (before the q/k-norm)
+    CAPTURE(biases);
+    auto cfg = tiny_config(4, 2, true, false);
+    cfg.qkv_bias = cfg.o_bias = biases;
+    const random_batch batch(2, 6, cfg.vocab_size, {6, 4}, 5, 0.1);
+    ref be;
+    decoder_model<ref> model(be, cfg);
+    model.init_random(3, 0.3, 0.2);
+    sft_loss loss;
+    compute_gradients(model, batch.view(), loss, with(schedule::stream, 4));
+    auto& params = model.parameters();
+    backward_options loss_only = with(schedule::stream, 4);
+    loss_only.embedding_grad = false;
+    loss_only.head_grad = false;
+    loss_only.layer_weight_grads.assign(static_cast<std::size_t>(cfg.num_hidden_layers), false);
+    auto loss_at = [&] {
+      sft_loss l;
+      return compute_gradients(model, batch.view(), l, loss_only).loss;
+    };
+    const double h = 1e-5;
+    int checked = 0;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      auto value = params.value(i);
+      auto grad = params.grad(i);
+      for (std::size_t k : {std::size_t{0}, value.size() / 2, value.size() - 1}) {
+        const double saved = value[k];
+        value[k] = saved + h;
+        const double up = loss_at();
+        value[k] = saved - h;
+        const double down = loss_at();
+        value[k] = saved;
+        const double fd = (up - down) / (2 * h);
+        CAPTURE(params.name(i));
+        CAPTURE(k);
+        CHECK(std::abs(fd - grad[k]) <= 1e-6 * std::max(1.0, std::abs(fd)));
+        ++checked;
+      }
     }
+    CHECK(checked == 3 * static_cast<int>(params.size()));
   }
-  CHECK(checked == 3 * static_cast<int>(params.size()));
 }
 
 TEST_CASE("float stream matches double full within 1e-4") {

@@ -33,8 +33,9 @@ std::pair<double, std::vector<std::vector<double>>> gradients(B& be, const model
 }  // namespace
 
 TEST_CASE("eigen backend: stream, checkpoint and full equal the reference backend") {
-  // sizes larger than the attention tiles, GQA 4, padding, q/k-norm
+  // sizes larger than the attention tiles, GQA 4, padding, q/k-norm, attention biases
   auto cfg = tiny_config(8, 2, true, false, 2);
+  cfg.qkv_bias = cfg.o_bias = true;
   cfg.head_dim = 16;
   cfg.hidden_size = 40;
   const random_batch batch(2, 150, cfg.vocab_size, {150, 97}, 5);

@@ -4,9 +4,10 @@
 // Supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM (by "architectures"[0], or
 // by "model_type" llama / qwen2 / qwen3). Refused with a message naming the option: other
 // architectures, rope_scaling other than the default rope, sliding-window attention,
-// attention_bias / mlp_bias true, hidden_act other than silu. Qwen2 always has biases on
-// q_proj / k_proj / v_proj, which the config does not announce: tightfit's model has no
-// biases yet, so load_hf_weights refuses a checkpoint holding *.bias tensors.
+// mlp_bias true, hidden_act other than silu. Attention biases: Qwen2 always has biases on
+// q_proj / k_proj / v_proj (the config does not announce them; model_config::qkv_bias);
+// Llama and Qwen3 with attention_bias: true have them on q/k/v and o_proj (qkv_bias and
+// o_bias). A *.bias tensor the configuration does not call for is an error naming it.
 //
 // A checkpoint is a directory with model.safetensors, or with model.safetensors.index.json
 // whose "weight_map" names the shard of each tensor (shards live beside the index). A tied
@@ -230,6 +231,12 @@ inline model_config load_hf_config(const std::filesystem::path& path) {
   }
   c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
   c.qk_norm = arch == "Qwen3ForCausalLM";
+  // Attention biases as the transformers modules create them: Qwen2 q/k/v always (its
+  // attention_bias field, when present, is ignored by transformers), Llama / Qwen3 q/k/v/o
+  // when attention_bias is true.
+  const bool attention_bias = !qwen2 && f.boolean("attention_bias", false);
+  c.qkv_bias = qwen2 || attention_bias;
+  c.o_bias = attention_bias;
 
   // Unsupported options.
   const std::string act = f.string("hidden_act").value_or("silu");
@@ -244,9 +251,6 @@ inline model_config load_hf_config(const std::filesystem::path& path) {
       check(t == "full_attention", src, ": layer_types holds ", t.dump(),
             ", only \"full_attention\" layers are supported");
   }
-  if (!qwen2)  // Qwen2's q/k/v biases are unconditional: load_hf_weights refuses them
-    check(!f.boolean("attention_bias", false), src,
-          ": attention_bias: true is not supported (tightfit's attention has no biases)");
   check(!f.boolean("mlp_bias", false), src,
         ": mlp_bias: true is not supported (tightfit's MLP has no biases)");
 
@@ -269,8 +273,15 @@ inline void save_hf_config(const model_config& c, const std::filesystem::path& p
   check(kind != nullptr, "save_hf_config: architecture \"", c.architecture,
         "\" is not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)");
   const bool qwen3 = c.architecture == "Qwen3ForCausalLM";
+  const bool qwen2 = c.architecture == "Qwen2ForCausalLM";
   check(c.qk_norm == qwen3, "save_hf_config: qk_norm is ", c.qk_norm, ", but ", c.architecture,
         qwen3 ? " always has" : " never has", " q_norm / k_norm");
+  if (qwen2)
+    check(c.qkv_bias && !c.o_bias, "save_hf_config: qkv_bias is ", c.qkv_bias, " and o_bias is ",
+          c.o_bias, ", but Qwen2ForCausalLM always has q/k/v biases and never an o_proj bias");
+  else
+    check(c.qkv_bias == c.o_bias, "save_hf_config: qkv_bias is ", c.qkv_bias, " and o_bias is ",
+          c.o_bias, ", but ", c.architecture, " has either both (attention_bias: true) or neither");
   nlohmann::json j = {
       {"architectures", nlohmann::json::array({c.architecture})},
       {"model_type", kind->model_type},
@@ -288,11 +299,11 @@ inline void save_hf_config(const model_config& c, const std::filesystem::path& p
       {"hidden_act", "silu"},
   };
   if (c.architecture == "LlamaForCausalLM") {
-    j["attention_bias"] = false;
+    j["attention_bias"] = c.o_bias;
     j["mlp_bias"] = false;
   } else {
     j["use_sliding_window"] = false;
-    if (qwen3) j["attention_bias"] = false;
+    if (qwen3) j["attention_bias"] = c.o_bias;
   }
   const fs::path file = io::detail::is_dir(path) ? path / "config.json" : path;
   std::ofstream out(file, std::ios::trunc);
@@ -384,7 +395,8 @@ class hf_checkpoint {
 struct hf_load_options {
   /// Ignore checkpoint tensors the parameter set does not have (default: an error, which
   /// catches a config that does not match the checkpoint). lm_head.weight of a tied model and
-  /// rotary_emb.inv_freq buffers are always ignored; *.bias tensors are always refused.
+  /// rotary_emb.inv_freq buffers are always ignored; a *.bias tensor the set lacks is always
+  /// an error (the configuration does not match the checkpoint).
   bool ignore_unused = false;
 };
 
@@ -445,8 +457,9 @@ void save_spans(const std::filesystem::path& path, P& params, std::optional<dtyp
 /// Loads every parameter of `params` from the checkpoint at `path` (directory, .safetensors
 /// file or index.json) by its Hugging Face name, converting F64 / F32 / BF16 / F16 to the set's
 /// value type. Errors name the tensor: a parameter missing from the checkpoint, a shape that
-/// differs (both shapes given), a dtype that is not floating, a *.bias tensor (Qwen2's q/k/v
-/// biases: not supported yet), and (unless options.ignore_unused) a tensor the set lacks.
+/// differs (both shapes given), a dtype that is not floating, a *.bias tensor the set lacks
+/// (e.g. attention_bias missing from config.json), and (unless options.ignore_unused) any
+/// other tensor the set lacks.
 template <ParameterSet P>
 void load_hf_weights(const std::filesystem::path& path, P& params, hf_load_options options = {}) {
   using T = typename P::value_type;
@@ -456,8 +469,8 @@ void load_hf_weights(const std::filesystem::path& path, P& params, hf_load_optio
   for (const std::string& name : ck.names()) {
     if (params.find(name) >= 0) continue;
     check(!io::detail::ends_with(name, ".bias"), src, ": tensor '", name,
-          "' is a bias, which tightfit's model does not have (Qwen2's q/k/v biases are not "
-          "supported yet)");
+          "' is a bias the model does not have (config.json calls for no such bias: "
+          "attention_bias? mlp_bias is not supported)");
     if (!io::detail::always_ignored(name)) unused.push_back(name);
   }
   check(unused.empty() || options.ignore_unused, src, ": ", unused.size(),

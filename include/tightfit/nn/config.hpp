@@ -24,6 +24,11 @@ struct model_config {
   double rope_theta = 1e6;
   bool tie_word_embeddings = false;
   bool qk_norm = true;  ///< Qwen3's per-head RMSNorm of q and k (q_norm / k_norm)
+  /// Biases on q_proj, k_proj, v_proj (Qwen2 / Qwen2.5 always; Llama / Qwen3 with
+  /// attention_bias: true). Added before the q/k norm, as in Hugging Face.
+  bool qkv_bias = false;
+  /// A bias on o_proj (Llama / Qwen3 with attention_bias: true; never in Qwen2).
+  bool o_bias = false;
 
   index_t q_width() const { return num_attention_heads * head_dim; }   ///< H * hd
   index_t kv_width() const { return num_key_value_heads * head_dim; }  ///< Hkv * hd

@@ -2,16 +2,19 @@
 // backward (StreamBP, Luo et al., NeurIPS 2025, arXiv 2506.03077; ALGORITHMS.md section 1).
 //
 //   h  = RMSNorm(X; g1)
-//   Q  = h Wq^T (H*hd), K = h Wk^T, V = h Wv^T (Hkv*hd); optional per-head RMSNorm of Q and K
+//   Q  = h Wq^T + bq (H*hd), K = h Wk^T + bk, V = h Wv^T + bv (Hkv*hd); optional per-head
+//        RMSNorm of Q and K; the biases are optional (config.qkv_bias: Qwen2)
 //   Q, K = RoPE(Q, K)            O = causal GQA attention(Q, K, V)
-//   X2 = X + O Wo^T              h2 = RMSNorm(X2; g2)
+//   X2 = X + O Wo^T + bo         h2 = RMSNorm(X2; g2)        (bo optional: config.o_bias)
 //   Y  = X2 + (silu(h2 Wg^T) * (h2 Wu^T)) Wd^T
 //
 // Invariants of the backward: K and V of all positions are computed once per layer
 // (begin_backward) and never replicated per query head; chunks run last to first, so when chunk
 // [c0, c1) is done the dK/dV rows of [c0, c1) are complete and their projections are
 // backpropagated then; parameter gradients accumulate with beta = 1 GEMMs. Only the masked-free
-// (c x c1) part of attention is computed per chunk (the kernel skips masked tiles).
+// (c x c1) part of attention is computed per chunk (the kernel skips masked tiles). Biases need
+// no kernel of their own: Y += 1 b is a rank-1 GEMM with a ones column, db += 1^T dY its
+// transpose.
 #pragma once
 
 #include <cmath>
@@ -28,7 +31,9 @@ namespace tightfit {
 /// Positions of one decoder layer's parameters in a parameter_set.
 struct decoder_layer_params {
   std::size_t input_norm, q_proj, k_proj, v_proj, o_proj, post_norm, gate_proj, up_proj, down_proj;
-  std::size_t q_norm = 0, k_norm = 0;  ///< only with config.qk_norm
+  std::size_t q_norm = 0, k_norm = 0;              ///< only with config.qk_norm
+  std::size_t q_bias = 0, k_bias = 0, v_bias = 0;  ///< only with config.qkv_bias
+  std::size_t o_bias = 0;                          ///< only with config.o_bias
 
   /// The Hugging Face name prefix of layer l: "model.layers.<l>.".
   static std::string prefix(index_t l) { return "model.layers." + std::to_string(l) + "."; }
@@ -81,6 +86,12 @@ class decoder_layer {
       ids_.q_norm = params.at(p + "self_attn.q_norm.weight");
       ids_.k_norm = params.at(p + "self_attn.k_norm.weight");
     }
+    if (cfg_.qkv_bias) {
+      ids_.q_bias = params.at(p + "self_attn.q_proj.bias");
+      ids_.k_bias = params.at(p + "self_attn.k_proj.bias");
+      ids_.v_bias = params.at(p + "self_attn.v_proj.bias");
+    }
+    if (cfg_.o_bias) ids_.o_bias = params.at(p + "self_attn.o_proj.bias");
   }
 
   /// Adds the parameters of layer l (zero values) to `params` under their Hugging Face names.
@@ -91,6 +102,12 @@ class decoder_layer {
     params.add(p + "self_attn.k_proj.weight", {c.kv_width(), c.hidden_size});
     params.add(p + "self_attn.v_proj.weight", {c.kv_width(), c.hidden_size});
     params.add(p + "self_attn.o_proj.weight", {c.hidden_size, c.q_width()});
+    if (c.qkv_bias) {
+      params.add(p + "self_attn.q_proj.bias", {c.q_width()});
+      params.add(p + "self_attn.k_proj.bias", {c.kv_width()});
+      params.add(p + "self_attn.v_proj.bias", {c.kv_width()});
+    }
+    if (c.o_bias) params.add(p + "self_attn.o_proj.bias", {c.hidden_size});
     if (c.qk_norm) {
       params.add(p + "self_attn.q_norm.weight", {c.head_dim});
       params.add(p + "self_attn.k_norm.weight", {c.head_dim});
@@ -230,6 +247,21 @@ class decoder_layer {
     return wanted ? params_->grad(id) : std::span<T>{};
   }
 
+  /// y (n, w) += 1 (n, 1) b (1, w): bias `id` added to every row, as a rank-1 GEMM.
+  void add_bias(B& be, std::size_t id, matrix_view<T> y) const {
+    buffer ones = be.template allocate<T>(y.rows);  // (n, 1)
+    be.fill(ones.view(y.rows, 1), T(1));
+    be.gemm(transpose::no, transpose::no, T(1), matrix_view<const T>(ones.view(y.rows, 1)),
+            as_matrix(vec(id), 1, y.cols), T(1), y);
+  }
+  /// grad of bias `id` (1, w) += 1^T (1, n) dy (n, w): the column sums of dy.
+  void add_bias_grad(B& be, std::size_t id, matrix_view<const T> dy) const {
+    buffer ones = be.template allocate<T>(dy.rows);  // (n, 1)
+    be.fill(ones.view(dy.rows, 1), T(1));
+    be.gemm(transpose::yes, transpose::no, T(1), matrix_view<const T>(ones.view(dy.rows, 1)), dy,
+            T(1), grad(id, 1, dy.cols));
+  }
+
   kv_state make_kv(B& be, index_t rows) const {
     kv_state kv;
     if (cfg_.qk_norm) {
@@ -288,6 +320,10 @@ class decoder_layer {
             k_c.view(n, kvw));
     be.gemm(transpose::no, transpose::yes, T(1), h1, weight(ids_.v_proj, kvw, d), T(0),
             v_c.view(n, kvw));
+    if (cfg_.qkv_bias) {
+      add_bias(be, ids_.k_bias, k_c.view(n, kvw));
+      add_bias(be, ids_.v_bias, v_c.view(n, kvw));
+    }
     detail::scatter_rows(be, seq, c0, c1, matrix_view<const T>(v_c.view(n, kvw)),
                          kv.v.view(rows, kvw));
     if (cfg_.qk_norm) {
@@ -321,11 +357,13 @@ class decoder_layer {
       a.rstd_q = be.template allocate<T>(n * h);
       be.gemm(transpose::no, transpose::yes, T(1), h1, weight(ids_.q_proj, qw, d), T(0),
               a.q_raw.view(n, qw));
+      if (cfg_.qkv_bias) add_bias(be, ids_.q_bias, a.q_raw.view(n, qw));
       be.rmsnorm_forward(a.q_raw.view(n * h, hd), vec(ids_.q_norm), T(cfg_.rms_norm_eps),
                          a.q.view(n * h, hd), a.rstd_q.span());
     } else {
       be.gemm(transpose::no, transpose::yes, T(1), h1, weight(ids_.q_proj, qw, d), T(0),
               a.q.view(n, qw));
+      if (cfg_.qkv_bias) add_bias(be, ids_.q_bias, a.q.view(n, qw));
     }
     rope_rows(be, seq, a.q.view(n, qw), h, c0, c1, false);
     // attention of each sequence's chunk queries against its key prefix [0, c1)
@@ -345,6 +383,7 @@ class decoder_layer {
     be.copy(a.xv, a.x2.view(n, d));
     be.gemm(transpose::no, transpose::yes, T(1), a.o.view(n, qw), weight(ids_.o_proj, d, qw), T(1),
             a.x2.view(n, d));
+    if (cfg_.o_bias) add_bias(be, ids_.o_bias, a.x2.view(n, d));
     // MLP input
     a.h2 = be.template allocate<T>(n * d);
     a.rstd2 = be.template allocate<T>(n);
@@ -411,9 +450,11 @@ class decoder_layer {
       buffer dout = be.template allocate<T>(n * qw);  // (n, H*hd)
       be.gemm(transpose::no, transpose::no, T(1), dx2.view(n, d), weight(ids_.o_proj, d, qw), T(0),
               dout.view(n, qw));
-      if (wg)
+      if (wg) {
         be.gemm(transpose::yes, transpose::no, T(1), dx2.view(n, d), a.o.view(n, qw), T(1),
                 grad(ids_.o_proj, d, qw));
+        if (cfg_.o_bias) add_bias_grad(be, ids_.o_bias, dx2.view(n, d));
+      }
       const attention_shape shape{h, hkv, hd};
       const T scale = T(1) / std::sqrt(T(hd));
       for (index_t b = 0; b < seq.batch; ++b) {
@@ -469,6 +510,11 @@ class decoder_layer {
               grad(ids_.k_proj, kvw, d));
       be.gemm(transpose::yes, transpose::no, T(1), dv.view(n, kvw), h1, T(1),
               grad(ids_.v_proj, kvw, d));
+      if (cfg_.qkv_bias) {
+        add_bias_grad(be, ids_.q_bias, dq.view(n, qw));
+        add_bias_grad(be, ids_.k_bias, dk.view(n, kvw));
+        add_bias_grad(be, ids_.v_bias, dv.view(n, kvw));
+      }
     }
     if (!mode.input_grad && !wg) return;
     // dh1 = dq Wq + dk Wk + dv Wv; dx = dx2 + RMSNorm backward

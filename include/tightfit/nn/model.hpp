@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "tightfit/backend/concept.hpp"
@@ -41,13 +42,13 @@ class decoder_model {
   decoder_model(const decoder_model&) = delete;
   decoder_model& operator=(const decoder_model&) = delete;
 
-  /// Random initialisation: matrices ~ N(0, std^2), norm weights 1 + N(0, norm_jitter^2)
-  /// (norm_jitter > 0 makes tests exercise the norm-weight gradients).
+  /// Random initialisation: matrices and biases ~ N(0, std^2), norm weights
+  /// 1 + N(0, norm_jitter^2) (norm_jitter > 0 makes tests exercise the norm-weight gradients).
   void init_random(std::uint64_t seed, double std = 0.02, double norm_jitter = 0.0) {
     std::mt19937_64 gen(seed);
     std::normal_distribution<double> dist(0.0, 1.0);
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      const bool is_norm = params_.shape(i).size() == 1;
+      const bool is_norm = is_norm_weight(i);
       std::vector<T> host(static_cast<std::size_t>(params_.numel(i)));
       for (auto& v : host)
         v = static_cast<T>(is_norm ? 1.0 + norm_jitter * dist(gen) : std * dist(gen));
@@ -74,15 +75,28 @@ class decoder_model {
       ids.push_back(p.q_norm);
       ids.push_back(p.k_norm);
     }
+    if (cfg_.qkv_bias) {
+      ids.push_back(p.q_bias);
+      ids.push_back(p.k_bias);
+      ids.push_back(p.v_bias);
+    }
+    if (cfg_.o_bias) ids.push_back(p.o_bias);
     return ids;
   }
   /// Positions of the head's parameters: final norm and lm_head (the embedding when tied).
   std::vector<std::size_t> head_param_ids() const { return {final_norm_, lm_head_}; }
 
  private:
+  /// Norm weights are the vectors that are not biases.
+  bool is_norm_weight(std::size_t i) const {
+    const std::string& name = params_.name(i);
+    const bool bias = name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+    return params_.shape(i).size() == 1 && !bias;
+  }
+
   void set_norms_to_one() {
     for (std::size_t i = 0; i < params_.size(); ++i)
-      if (params_.shape(i).size() == 1) params_.backend().fill(as_row(params_.value(i)), T(1));
+      if (is_norm_weight(i)) params_.backend().fill(as_row(params_.value(i)), T(1));
   }
 
   model_config cfg_;

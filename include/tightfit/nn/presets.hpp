@@ -1,5 +1,5 @@
 // tightfit/nn/presets.hpp: named model configurations: the benchmark config of the StreamBP
-// issue and the shapes of public Llama / Qwen3 checkpoints (for the planner; no weights).
+// issue and the shapes of public Llama / Qwen2.5 / Qwen3 checkpoints (for the planner; no weights).
 #pragma once
 
 #include <string>
@@ -12,7 +12,8 @@ namespace tightfit {
 
 /// The names preset_config accepts.
 inline std::vector<std::string> preset_names() {
-  return {"qwen3-bench", "small", "qwen3-0.6b", "qwen3-4b", "qwen3-8b", "llama3-8b"};
+  return {"qwen3-bench", "small",        "qwen3-0.6b", "qwen3-4b",
+          "qwen3-8b",    "qwen2.5-0.5b", "qwen2.5-7b", "llama3-8b"};
 }
 
 /// A named configuration; an unknown name is an error listing the known ones.
@@ -56,6 +57,28 @@ inline model_config preset_config(const std::string& name) {
   }
   if (name == "qwen3-8b") {
     qwen3(4096, 12288, 36, 32, false);
+    return c;
+  }
+  auto qwen25 = [&](index_t vocab, index_t hidden, index_t inter, index_t layers, index_t heads,
+                    index_t kv_heads, bool tied) {
+    c.architecture = "Qwen2ForCausalLM";
+    c.vocab_size = vocab;
+    c.hidden_size = hidden;
+    c.intermediate_size = inter;
+    c.num_hidden_layers = layers;
+    c.num_attention_heads = heads;
+    c.num_key_value_heads = kv_heads;
+    c.head_dim = hidden / heads;
+    c.qk_norm = false;
+    c.qkv_bias = true;
+    c.tie_word_embeddings = tied;
+  };
+  if (name == "qwen2.5-0.5b") {
+    qwen25(151936, 896, 4864, 24, 14, 2, true);
+    return c;
+  }
+  if (name == "qwen2.5-7b") {
+    qwen25(152064, 3584, 18944, 28, 28, 4, false);
     return c;
   }
   if (name == "llama3-8b") {
