@@ -18,7 +18,7 @@ constexpr const char* plan_usage =
     "  BYTES accepts a suffix K, M, G (powers of 1024). Prints the largest power-of-two chunk\n"
     "  whose StreamBP peak fits at T, and the largest T each schedule reaches within the budget\n"
     "  (activation bytes: parameters and gradients not included). Presets: qwen3-bench, small,\n"
-    "  qwen3-0.6b, qwen3-4b, qwen3-8b, llama3-8b.\n";
+    "  qwen3-0.6b, qwen3-4b, qwen3-8b, qwen2.5-0.5b, qwen2.5-7b, llama3-8b.\n";
 
 std::size_t parse_bytes(const std::string& s) {
   if (s.empty()) throw usage_error{"--budget is empty"};
