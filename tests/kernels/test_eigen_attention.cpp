@@ -342,33 +342,33 @@ TEST_CASE("eigen attention rejects inconsistent shapes") {
   const attention_case c{4, 2, 8, 5, 9, 0, 9};
   attention_data<double> d(c, 3);
   padded<double> bad_o(5, 31), bad_lse(5, 3), bad_k(9, 17);
-  expect_error(
+  check_error(
       [&] {
         be.attention_forward({4, 3, 8}, d.q(), d.k(), d.v(), 0, 9, 0.5, d.o.view(), d.lse.view());
       },
       {"attention_forward", "kv_heads 3"});
-  expect_error(
+  check_error(
       [&] {
         be.attention_forward(d.shape, d.q(), d.k(), d.v(), 0, 9, 0.5, bad_o.view(), d.lse.view());
       },
       {"attention_forward", "O", "(5 x 31)", "(5 x 32)"});
-  expect_error(
+  check_error(
       [&] {
         be.attention_forward(d.shape, d.q(), d.k(), d.v(), 0, 9, 0.5, d.o.view(), bad_lse.view());
       },
       {"attention_forward", "lse", "(5 x 3)", "(5 x 4)"});
-  expect_error(
+  check_error(
       [&] {
         be.attention_forward(d.shape, d.q(), bad_k.cview(), d.v(), 0, 9, 0.5, d.o.view(),
                              d.lse.view());
       },
       {"attention_forward", "K.cols", "17", "16"});
-  expect_error(
+  check_error(
       [&] {
         be.attention_forward(d.shape, d.q(), d.k(), d.v(), 0, 0, 0.5, d.o.view(), d.lse.view());
       },
       {"attention_forward", "valid_len", "0"});
-  expect_error(
+  check_error(
       [&] {
         be.attention_backward(d.shape, d.q(), d.k(), d.v(), d.o.cview(), d.d_o.cview(),
                               d.lse.cview(), 0, 9, 0.5, d.dq(), bad_k.view(), d.dv());

@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "reference_testing.hpp"  // check_error
 #include "support/testing.hpp"
 #include "tightfit/backend/eigen.hpp"
 #include "tightfit/backend/reference.hpp"
@@ -82,20 +83,6 @@ void check_matches(const std::vector<T>& got, const std::vector<T>& want, const 
   REQUIRE(got.size() == want.size());
   const double err = max_rel_diff(got, want);
   CHECK_MESSAGE(err <= eigen_tol<T>() * slack, what << ": relative difference " << err);
-}
-
-/// Runs `call`, expects tightfit::error whose message contains every string of `parts`.
-template <class Call>
-void expect_error(Call&& call, std::initializer_list<std::string> parts) {
-  try {
-    call();
-    FAIL("no tightfit::error thrown; expected one mentioning " << *parts.begin());
-  } catch (const error& e) {
-    const std::string msg = e.what();
-    for (const auto& p : parts) {
-      CHECK_MESSAGE(msg.find(p) != std::string::npos, "'" << p << "' missing from: " << msg);
-    }
-  }
 }
 
 /// Options that force every parallel code path even on small shapes.

@@ -34,6 +34,7 @@
 #include "tightfit/backend/detail/eigen_optim.hpp"
 #include "tightfit/backend/detail/eigen_rowwise.hpp"
 #include "tightfit/backend/detail/eigen_xent.hpp"
+#include "tightfit/backend/detail/host_storage.hpp"
 #include "tightfit/backend/detail/reference_checks.hpp"
 #include "tightfit/core/error.hpp"
 #include "tightfit/core/memory.hpp"
@@ -63,7 +64,7 @@ struct eigen_backend_options {
 /// The CPU backend: Eigen products and vectorised array expressions, parallelised with oneTBB
 /// (tightfit::parallel_for). Satisfies Backend for float and double.
 template <std::floating_point T>
-class eigen_backend {
+class eigen_backend : public detail::host_storage<T> {
  public:
   using value_type = T;
 
@@ -76,34 +77,10 @@ class eigen_backend {
     check(options_.gemm_min_block >= 1, "eigen_backend: gemm_min_block is ",
           options_.gemm_min_block, ", expected >= 1");
   }
-  eigen_backend(const eigen_backend&) = delete;
-  eigen_backend& operator=(const eigen_backend&) = delete;
-
   /// The tuning this backend runs with.
   const eigen_backend_options& options() const { return options_; }
 
-  // ---- storage and accounting ----------------------------------------------------------------
-
-  /// Live and peak bytes of every allocation made through this backend.
-  memory_counter& memory() { return memory_; }
-  /// Kernel call and flop counts.
-  kernel_stats& stats() { return stats_; }
-
-  /// A zero-initialised host array of n elements, counted by memory().
-  template <class U>
-  host_buffer<U> allocate(index_t n) {
-    return host_buffer<U>(memory_, n);
-  }
-  /// Copies host data into backend memory (both are host memory here).
-  void upload(std::span<const T> src, std::span<T> dst) {
-    detail::check_size("upload", "dst", dst, std::ssize(src), "(src.size)");
-    std::copy(src.begin(), src.end(), dst.begin());
-  }
-  /// Copies backend memory to host data.
-  void download(std::span<const T> src, std::span<T> dst) {
-    detail::check_size("download", "dst", dst, std::ssize(src), "(src.size)");
-    std::copy(src.begin(), src.end(), dst.begin());
-  }
+  // storage and accounting (memory, stats, allocate, upload, download): detail::host_storage
 
   // ---- dense linear algebra --------------------------------------------------------------------
 
@@ -300,9 +277,10 @@ class eigen_backend {
     return {shape, q, k, v, q0, std::min(k.rows, valid_len), scale};
   }
 
+  using detail::host_storage<T>::memory_;
+  using detail::host_storage<T>::stats_;
+
   eigen_backend_options options_;
-  memory_counter memory_;
-  kernel_stats stats_;
 };
 
 static_assert(Backend<eigen_backend<float>>);

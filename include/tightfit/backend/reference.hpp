@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "tightfit/backend/concept.hpp"
+#include "tightfit/backend/detail/host_storage.hpp"
 #include "tightfit/backend/detail/reference_checks.hpp"
 #include "tightfit/core/error.hpp"
 #include "tightfit/core/memory.hpp"
@@ -43,37 +44,11 @@ namespace tightfit {
 /// The reference Backend: naive serial loops over host memory, accumulating in double.
 /// Non-copyable (it owns the memory_counter of its allocations).
 template <std::floating_point T>
-class reference_backend {
+class reference_backend : public detail::host_storage<T> {
  public:
   using value_type = T;
 
-  reference_backend() = default;
-  reference_backend(const reference_backend&) = delete;
-  reference_backend& operator=(const reference_backend&) = delete;
-
-  // ---- storage and accounting ---------------------------------------------------------------
-
-  /// Live and peak bytes of every buffer allocated through this backend.
-  memory_counter& memory() { return memory_; }
-  /// Kernel call and flop counters (see the top comment for what is counted).
-  kernel_stats& stats() { return stats_; }
-
-  /// A zero-initialised host buffer of n elements counted by memory().
-  template <class U>
-  host_buffer<U> allocate(index_t n) {
-    return host_buffer<U>(memory_, n);
-  }
-
-  /// Host -> backend memory (a host copy here). Sizes must match.
-  void upload(std::span<const T> src, std::span<T> dst) {
-    detail::check_size("upload", "dst", dst, static_cast<index_t>(src.size()), "(src.size)");
-    std::copy_n(src.begin(), dst.size(), dst.begin());  // sizes are equal here
-  }
-  /// Backend memory -> host (a host copy here). Sizes must match.
-  void download(std::span<const T> src, std::span<T> dst) {
-    detail::check_size("download", "dst", dst, static_cast<index_t>(src.size()), "(src.size)");
-    std::copy_n(src.begin(), dst.size(), dst.begin());  // sizes are equal here
-  }
+  // storage and accounting (memory, stats, allocate, upload, download): detail::host_storage
 
   // ---- dense linear algebra -----------------------------------------------------------------
 
@@ -488,8 +463,7 @@ class reference_backend {
     }
   }
 
-  memory_counter memory_;
-  kernel_stats stats_;
+  using detail::host_storage<T>::stats_;
 };
 
 static_assert(Backend<reference_backend<float>>);

@@ -32,25 +32,25 @@ inline bool decays(const std::string& name, std::size_t dims) {
   return !(name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0);
 }
 
-/// Adam (torch.optim.Adam): L2 weight decay added to the gradient (default none).
-struct adam_update_rule {
+/// Adam and AdamW: the same moments and kernel; they differ in how weight decay enters.
+template <bool Decoupled>
+struct adam_family_rule {
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
-  double weight_decay = 0;
-  static constexpr const char* name = "adam";
-  static constexpr bool decoupled = false;
+  double weight_decay = Decoupled ? 0.01 : 0.0;
+  static constexpr const char* name = Decoupled ? "adamw" : "adam";
+  static constexpr bool decoupled = Decoupled;
   /// State buffers per parameter: m and v.
   index_t buffers() const { return 2; }
-  void validate() const { validate_as(name); }
-  /// Checks the hyper-parameters; errors start with `who`.
-  void validate_as(const char* who) const {
-    check(lr >= 0, who, ": lr is ", lr, ", expected >= 0");
-    check(beta1 >= 0 && beta1 < 1, who, ": beta1 is ", beta1, ", expected in [0, 1)");
-    check(beta2 >= 0 && beta2 < 1, who, ": beta2 is ", beta2, ", expected in [0, 1)");
-    check(eps > 0, who, ": eps is ", eps, ", expected > 0");
-    check(weight_decay >= 0, who, ": weight_decay is ", weight_decay, ", expected >= 0");
+  /// Checks the hyper-parameters; errors start with the rule's name.
+  void validate() const {
+    check(lr >= 0, name, ": lr is ", lr, ", expected >= 0");
+    check(beta1 >= 0 && beta1 < 1, name, ": beta1 is ", beta1, ", expected in [0, 1)");
+    check(beta2 >= 0 && beta2 < 1, name, ": beta2 is ", beta2, ", expected in [0, 1)");
+    check(eps > 0, name, ": eps is ", eps, ", expected > 0");
+    check(weight_decay >= 0, name, ": weight_decay is ", weight_decay, ", expected >= 0");
   }
   /// One step of parameter `p` (bufs: m, v); `step` is 1 for the first update.
   template <Backend B>
@@ -69,27 +69,10 @@ struct adam_update_rule {
   }
 };
 
+/// Adam (torch.optim.Adam): L2 weight decay added to the gradient (default none).
+using adam_update_rule = adam_family_rule<false>;
 /// AdamW (torch.optim.AdamW): decoupled weight decay (default 0.01), none on norms and biases.
-struct adamw_update_rule : adam_update_rule {
-  adamw_update_rule() { weight_decay = 0.01; }
-  static constexpr const char* name = "adamw";
-  static constexpr bool decoupled = true;
-  void validate() const { validate_as(name); }
-  template <Backend B>
-  void apply(B& be, std::span<typename B::value_type> p, std::span<const typename B::value_type> g,
-             std::span<buffer_t<B>> bufs, std::int64_t step, double lr_factor, bool decay) const {
-    using T = typename B::value_type;
-    adam_hyper<T> h;
-    h.lr = static_cast<T>(lr * lr_factor);
-    h.beta1 = static_cast<T>(beta1);
-    h.beta2 = static_cast<T>(beta2);
-    h.eps = static_cast<T>(eps);
-    h.weight_decay = static_cast<T>(decay ? weight_decay : 0.0);
-    h.decoupled = true;
-    h.step = step;
-    be.adam_update(p, g, bufs[0].span(), bufs[1].span(), h);
-  }
-};
+using adamw_update_rule = adam_family_rule<true>;
 
 /// SGD (torch.optim.SGD without dampening or Nesterov), optional momentum and sign (signSGD).
 struct sgd_update_rule {
