@@ -3,9 +3,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "args.hpp"
 #include "commands.hpp"
 #include "tightfit/backend/eigen.hpp"
 #include "tightfit/io/hf.hpp"
@@ -28,6 +30,8 @@ void train_usage(std::FILE* out) {
       "  --batch B            rows per step (default 1)\n"
       "  --lr X               learning rate of the update rule (default 1e-3; sgd 1e-2)\n"
       "  --schedule S         constant | warmup:W | cosine | cosine:W (default constant)\n"
+      "  --total-steps N      the schedule's horizon (default: steps already done + --steps;\n"
+      "                       give the whole run's length when it is split with --resume)\n"
       "  --clip X             clip gradients to global norm X (default off)\n"
       "  --chunk N            StreamBP chunk (default 512); --sched full|checkpoint|stream\n"
       "  --switch-every K     steps per block (default 50)\n"
@@ -41,6 +45,8 @@ void train_usage(std::FILE* out) {
       "  --log FILE           JSON lines, one per step\n"
       "  --save-state FILE    checkpoint (weights + optimizer state) at the end\n"
       "  --resume FILE        continue from a checkpoint\n"
+      "  --deterministic      same bits on every run (the two-pass attention backward, 1.4x its\n"
+      "                       matmul work): a resumed run then matches the uninterrupted one\n"
       "  --save-model DIR     write the trained weights (model.safetensors + config.json)\n"
       "  --quiet              no progress line\n");
 }
@@ -64,12 +70,13 @@ struct args {
   std::string model, preset, data, optimizer, schedule = "constant", order = "random", start_block,
                                               log, save_state, resume, save_model, sched = "stream",
                                               scope = "partial";
-  std::int64_t steps = 100;
+  std::int64_t steps = 100, total_steps = 0;  // 0: steps done + steps
   index_t batch = 1, chunk = 512, switch_every = 50, rank = 8;
   std::optional<double> lr, bread_lr;
   double clip = 0, loraplus = 1;
   std::uint64_t seed = 1;
   bool embedding_block = false, head_block = false, sign = false, quiet = false;
+  bool deterministic = false;
 };
 
 double to_double(const std::string& flag, const std::string& v) {
@@ -96,6 +103,27 @@ long long to_int(const std::string& flag, const std::string& v, long long min) {
   return x;
 }
 
+/// Argument checks that need no file: every wrong value is a usage error (exit 2), reported
+/// before the model and the data are loaded.
+void validate(const args& a) {
+  if (a.model.empty() == a.preset.empty() || a.data.empty() || a.optimizer.empty())
+    throw usage_error{"give one of --model / --preset, and --data and --optimizer"};
+  static const std::set<std::string> optimizers{"adam",  "adamw",     "sgd",
+                                                "badam", "bread-sgd", "bread-lora"};
+  if (!optimizers.contains(a.optimizer))
+    throw usage_error{"unknown optimizer '" + a.optimizer +
+                      "', expected adam, adamw, sgd, badam, bread-sgd or bread-lora"};
+  if (a.scope != "partial" && a.scope != "all")
+    throw usage_error{"--bread-scope is '" + a.scope + "', expected partial or all"};
+  check(a.clip >= 0, "--clip is ", a.clip, ", expected >= 0 (0: off)");
+  // These throw tightfit::error naming the value.
+  (void)parse_schedule(a.sched);
+  (void)runtime_schedule::parse(a.schedule, 1);
+  const auto order = runtime_order::parse(a.order);
+  if (order == runtime_order::kind::fixed && a.start_block.empty())
+    throw usage_error{"--order fixed needs --start-block NAME"};
+}
+
 template <class Opt>
 int run_training(decoder_model<eigen_backend<float>>& model, const token_dataset& data, Opt& opt,
                  const args& a) {
@@ -108,7 +136,11 @@ int run_training(decoder_model<eigen_backend<float>>& model, const token_dataset
   o.progress = !a.quiet;
   o.log = a.log;
   o.save_state = a.save_state;
-  const auto sched = runtime_schedule::parse(a.schedule, opt.steps() + a.steps);
+  const std::int64_t horizon = opt.steps() + a.steps;  // opt.steps(): done before (resume)
+  check(a.total_steps == 0 || a.total_steps >= horizon, "--total-steps is ", a.total_steps,
+        ", but this run ends at step ", horizon);
+  const auto sched =
+      runtime_schedule::parse(a.schedule, a.total_steps > 0 ? a.total_steps : horizon);
   const auto s = train(model, data, opt, sched, o);
   const double first = s.losses.empty() ? 0 : s.losses.front();
   const double last = s.losses.empty() ? 0 : s.losses.back();
@@ -129,14 +161,11 @@ int run_training(decoder_model<eigen_backend<float>>& model, const token_dataset
 
 int train(int argc, char** argv) {
   args a;
-  try {  // a malformed option value is a usage error (exit 2)
+  try {  // a missing or malformed option value is a usage error (exit 2)
     for (int i = 1; i < argc; ++i) {
       const std::string f = argv[i];
       auto value = [&]() -> std::string {
-        if (i + 1 >= argc) {
-          std::fprintf(stderr, "tightfit train: %s needs a value\n", f.c_str());
-          std::exit(2);
-        }
+        if (i + 1 >= argc) throw usage_error{f + " needs a value"};
         return argv[++i];
       };
       if (f == "--help" || f == "-h") {
@@ -170,6 +199,8 @@ int train(int argc, char** argv) {
         a.scope = value();
       } else if (f == "--steps") {
         a.steps = to_int(f, value(), 0);
+      } else if (f == "--total-steps") {
+        a.total_steps = to_int(f, value(), 1);
       } else if (f == "--batch") {
         a.batch = to_int(f, value(), 1);
       } else if (f == "--chunk") {
@@ -196,27 +227,27 @@ int train(int argc, char** argv) {
         a.sign = true;
       } else if (f == "--quiet") {
         a.quiet = true;
+      } else if (f == "--deterministic") {
+        a.deterministic = true;
       } else {
-        std::fprintf(stderr, "tightfit train: unknown option '%s'\n", f.c_str());
-        train_usage(stderr);
-        return 2;
+        throw usage_error{"unknown option '" + f + "'"};
       }
     }
+    validate(a);
+  } catch (const usage_error& e) {
+    std::fprintf(stderr, "tightfit train: %s\n", e.message.c_str());
+    train_usage(stderr);
+    return 2;
   } catch (const error& e) {
     std::fprintf(stderr, "tightfit train: %s\n", e.what());
-    return 2;
-  }
-  if (a.model.empty() == a.preset.empty() || a.data.empty() || a.optimizer.empty()) {
-    std::fprintf(stderr,
-                 "tightfit train: give one of --model / --preset, and --data and --optimizer\n");
     train_usage(stderr);
     return 2;
   }
-  check(a.scope == "partial" || a.scope == "all", "--bread-scope is '", a.scope,
-        "', expected partial or all");
 
   using backend = eigen_backend<float>;
-  backend be;
+  eigen_backend_options bopts;
+  if (a.deterministic) bopts.attention_backward = attention_backward_strategy::two_pass;
+  backend be(bopts);
   const model_config cfg = a.model.empty() ? train_preset(a.preset) : load_hf_config(a.model);
   decoder_model<backend> model(be, cfg);
   if (a.model.empty())
@@ -276,11 +307,7 @@ int train(int argc, char** argv) {
                                                                                   order, e, bo);
     return run_training(model, data, opt, a);
   }
-  std::fprintf(stderr,
-               "tightfit train: unknown optimizer '%s', expected adam, adamw, sgd, badam, "
-               "bread-sgd or bread-lora\n",
-               a.optimizer.c_str());
-  return 2;
+  fail("unknown optimizer '", a.optimizer, "'");  // not reached: validate() checked it
 }
 
 }  // namespace tightfit::cli

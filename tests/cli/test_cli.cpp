@@ -2,8 +2,6 @@
 // errors, the JSON line of `grad`, and that its gradients equal the library's.
 #include <doctest/doctest.h>
 
-#include <sys/wait.h>
-
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_testing.hpp"
 #include "stream/stream_testing.hpp"
 #include "support/testing.hpp"
 #include "tightfit/io/hf.hpp"
@@ -18,43 +17,16 @@
 
 using namespace tightfit;
 namespace fs = std::filesystem;
+using cli_testing::lines;
+using cli_testing::run;
 
 namespace {
 
-struct outcome {
-  int code = -1;
-  std::string out, err;
-};
-
-/// Runs the tool with `args` (a shell-quoted string), capturing stdout and stderr.
-outcome run(const std::string& args) {
-  static int counter = 0;
-  const fs::path dir = fs::temp_directory_path() / "tightfit-cli-test";
-  fs::create_directories(dir);
-  const auto out = dir / ("out" + std::to_string(counter));
-  const auto err = dir / ("err" + std::to_string(counter++));
-  const std::string cmd = std::string("'") + TIGHTFIT_CLI + "' " + args + " >'" + out.string() +
-                          "' 2>'" + err.string() + "'";
-  const int status = std::system(cmd.c_str());
-  auto slurp = [](const fs::path& p) {
-    std::ifstream in(p);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
-}
-
-int lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
-}
-
 /// A tiny random model directory and a batch file.
 struct fixture {
-  fs::path dir = fs::temp_directory_path() / "tightfit-cli-model";
+  fs::path dir = cli_testing::scratch("model");
   model_config cfg = testing::tiny_config(4, 2, true, false);
   fixture() {
-    fs::create_directories(dir);
     cfg.architecture = "Qwen3ForCausalLM";
     reference_backend<double> be;
     decoder_model<reference_backend<double>> model(be, cfg);

@@ -1,0 +1,258 @@
+// `tightfit train` end to end: every optimizer trains a tiny model on a trivially learnable data
+// set (exit 0, one JSON log line per step with a finite, falling loss, trained weights that load
+// back and differ from the input), a resumed run ends with the weights of the uninterrupted one,
+// wrong arguments exit 2 with the usage, bad files exit 1 with one line naming the problem.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli_testing.hpp"
+#include "stream/stream_testing.hpp"
+#include "tightfit/io/hf.hpp"
+#include "tightfit/io/safetensors.hpp"
+
+using namespace tightfit;
+namespace fs = std::filesystem;
+using cli_testing::lines;
+using cli_testing::q;
+using cli_testing::run;
+
+namespace {
+
+using ref = reference_backend<double>;
+
+/// A 3-layer random model directory (F64 weights) and data sets beside it.
+struct train_fixture {
+  fs::path dir = cli_testing::scratch("train");
+  fs::path model = dir / "model";
+  model_config cfg = testing::tiny_config(4, 2, true, false, 3);
+  train_fixture() {
+    fs::create_directories(model);
+    ref be;
+    decoder_model<ref> m(be, cfg);
+    m.init_random(5, 0.1);
+    save_hf_config(cfg, model);
+    save_hf_weights(model, m.parameters());
+  }
+  /// N rows of T tokens; labels: the inputs with the first position of each row ignored.
+  fs::path data(const std::vector<std::int64_t>& ids, index_t n, index_t t,
+                const std::string& name) const {
+    std::vector<std::int64_t> labels = ids;
+    for (index_t r = 0; r < n; ++r) labels[static_cast<std::size_t>(r * t)] = ignore_index;
+    safetensors_writer w;
+    w.add("input_ids", {n, t}, std::span<const std::int64_t>(ids));
+    w.add("labels", {n, t}, std::span<const std::int64_t>(labels));
+    const auto path = dir / name;
+    w.write(path);
+    return path;
+  }
+  /// Counting sequences: token t + 1 follows token t (mod 8), from a different start per row.
+  fs::path counting(const std::string& name = "counting.safetensors", index_t t = 16) const {
+    const index_t n = 4;
+    std::vector<std::int64_t> ids;
+    for (index_t r = 0; r < n; ++r)
+      for (index_t k = 0; k < t; ++k) ids.push_back((3 * r + k) % 8);
+    return data(ids, n, t, name);
+  }
+  /// The parameter values of a model directory.
+  std::vector<std::vector<double>> weights(const fs::path& d) const {
+    ref be;
+    decoder_model<ref> m(be, load_hf_config(d));
+    load_hf_weights(d, m.parameters());
+    std::vector<std::vector<double>> out;
+    for (std::size_t i = 0; i < m.parameters().size(); ++i) {
+      const auto v = m.parameters().value(i);
+      out.emplace_back(v.begin(), v.end());
+    }
+    return out;
+  }
+};
+
+/// The "loss" of every line of a JSON-lines log, checking the step numbers run first..first+n-1.
+std::vector<double> logged_losses(const fs::path& log, std::int64_t first_step) {
+  std::ifstream in(log);
+  std::vector<double> losses;
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    CHECK(j["step"].get<std::int64_t>() == first_step + static_cast<std::int64_t>(losses.size()));
+    for (const char* key : {"lr_factor", "block", "tokens_per_s", "peak_bytes", "state_bytes"})
+      CHECK(j.contains(key));
+    losses.push_back(j["loss"].get<double>());
+  }
+  return losses;
+}
+
+double mean(const std::vector<double>& v, std::size_t from, std::size_t count) {
+  double s = 0;
+  for (std::size_t i = from; i < from + count; ++i) s += v[i];
+  return s / static_cast<double>(count);
+}
+
+}  // namespace
+
+TEST_CASE("train: every optimizer lowers the loss on a learnable data set and saves the model") {
+  train_fixture f;
+  const auto data = f.counting();
+  const auto input = f.weights(f.model);
+  struct optimizer_case {
+    const char* name;
+    const char* extra;
+  };
+  // Block optimizers: K = 3 with 3 layer blocks (plus embedding and head blocks for BAdam), so
+  // 20 steps visit every block; BREAD updates the inactive layers too.
+  const optimizer_case cases[] = {
+      {"adam", "--lr 0.01"},
+      {"adamw", "--lr 0.01 --schedule cosine:2"},
+      {"sgd", "--lr 0.5 --clip 1"},
+      {"badam", "--lr 0.02 --switch-every 3 --embedding-block --head-block"},
+      {"bread-sgd", "--lr 0.02 --switch-every 3 --bread-lr 0.05 --bread-scope all"},
+      {"bread-lora", "--lr 0.02 --switch-every 3 --bread-lr 0.02 --rank 2 --loraplus 4"},
+  };
+  for (const auto& c : cases) {
+    const std::string name = c.name;
+    CAPTURE(name);
+    const auto log = f.dir / (name + ".jsonl");
+    const auto out = f.dir / ("out-" + name);
+    const auto r = run("train --model " + q(f.model) + " --data " + q(data) + " --optimizer " +
+                       name + " " + c.extra + " --steps 20 --batch 2 --chunk 8 --seed 3 --log " +
+                       q(log) + " --save-model " + q(out) + " --quiet");
+    REQUIRE(r.code == 0);
+    CHECK(r.err.empty());
+    CHECK(lines(r.out) == 1);  // the summary
+    CHECK(r.out.find("optimizer " + name) != std::string::npos);
+    const auto losses = logged_losses(log, 1);
+    REQUIRE(losses.size() == 20);
+    for (double l : losses) CHECK(std::isfinite(l));
+    CHECK(mean(losses, 16, 4) < 0.8 * mean(losses, 0, 4));
+    // The trained model loads back (config and weights) and differs from the input.
+    CHECK(load_hf_config(out).hidden_size == f.cfg.hidden_size);
+    const auto trained = f.weights(out);
+    REQUIRE(trained.size() == input.size());
+    CHECK(trained != input);
+  }
+}
+
+TEST_CASE("train: a resumed run ends with the weights of the uninterrupted one") {
+  // Bit for bit: the rows (16 tokens) fit in one attention key tile, so even the default
+  // thread_partials attention backward adds one nonzero partial per dQ element, and the GEMMs
+  // are too small to be split: the run is deterministic (docs/optim.md, "Determinism").
+  train_fixture f;
+  const auto data = f.counting();
+  for (const std::string opt : {"badam", "bread-lora"}) {
+    CAPTURE(opt);
+    const std::string common = "train --model " + q(f.model) + " --data " + q(data) +
+                               " --optimizer " + opt +
+                               " --lr 0.02 --switch-every 2 --rank 2 --batch 2 --chunk 8 --quiet";
+    const auto state = f.dir / (opt + "-state.safetensors");
+    const auto whole = f.dir / (opt + "-whole"), resumed = f.dir / (opt + "-resumed");
+    const auto log = f.dir / (opt + "-resumed.jsonl");
+    REQUIRE(run(common + " --steps 12 --save-model " + q(whole)).code == 0);
+    REQUIRE(run(common + " --steps 5 --save-state " + q(state)).code == 0);
+    REQUIRE(run(common + " --steps 7 --resume " + q(state) + " --log " + q(log) + " --save-model " +
+                q(resumed))
+                .code == 0);
+    CHECK(logged_losses(log, 6).size() == 7);  // steps 6..12
+    const auto a = f.weights(whole), b = f.weights(resumed);
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      REQUIRE(a[i].size() == b[i].size());
+      CHECK(std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(double)) == 0);
+    }
+    // and the resume mattered: without it the same 7 steps end elsewhere
+    const auto fresh = f.dir / (opt + "-fresh");
+    REQUIRE(run(common + " --steps 7 --save-model " + q(fresh)).code == 0);
+    CHECK(f.weights(fresh) != a);
+  }
+  // A state saved by another optimizer is refused with one line naming the difference.
+  const auto r =
+      run("train --model " + q(f.model) + " --data " + q(data) +
+          " --optimizer sgd --steps 1 --quiet --resume " + q(f.dir / "badam-state.safetensors"));
+  CHECK(r.code == 1);
+  CHECK(lines(r.err) == 1);
+  CHECK(r.err.find("saved update rule is 'adam'") != std::string::npos);
+}
+
+TEST_CASE("train: --deterministic and --total-steps resume long rows on a cosine schedule") {
+  // 160-token rows span two attention key tiles, where only the two-pass backward fixes the
+  // summation order; --total-steps gives the split run the whole run's cosine horizon.
+  train_fixture f;
+  const auto data = f.counting("long.safetensors", 160);
+  const std::string common = "train --model " + q(f.model) + " --data " + q(data) +
+                             " --optimizer badam --lr 0.02 --switch-every 2 --batch 2 --chunk 64" +
+                             " --schedule cosine:2 --deterministic --quiet";
+  const auto state = f.dir / "det-state.safetensors";
+  const auto whole = f.dir / "det-whole", resumed = f.dir / "det-resumed";
+  const auto log = f.dir / "det-first.jsonl";
+  REQUIRE(run(common + " --steps 8 --save-model " + q(whole)).code == 0);
+  REQUIRE(run(common + " --steps 3 --total-steps 8 --log " + q(log) + " --save-state " + q(state))
+              .code == 0);
+  REQUIRE(run(common + " --steps 5 --total-steps 8 --resume " + q(state) + " --save-model " +
+              q(resumed))
+              .code == 0);
+  const auto a = f.weights(whole), b = f.weights(resumed);
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    REQUIRE(a[i].size() == b[i].size());
+    CHECK(std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(double)) == 0);
+  }
+  // the first part followed the 8-step horizon: its last lr factor is not the decayed 0
+  std::ifstream in(log);
+  std::string line, last;
+  while (std::getline(in, line)) last = line;
+  CHECK(nlohmann::json::parse(last)["lr_factor"].get<double>() > 0.5);
+  // a horizon shorter than the run is bad input naming the value
+  const auto r = run(common + " --steps 5 --total-steps 4 --resume " + q(state));
+  CHECK(r.code == 1);
+  CHECK(r.err.find("--total-steps is 4, but this run ends at step 8") != std::string::npos);
+}
+
+TEST_CASE("train: wrong arguments exit 2 with the usage, before any file is read") {
+  const std::string base = "train --model /nonexistent/model --data /nonexistent/data ";
+  for (const std::string& args :
+       {std::string("train"), std::string("train --model m"), base + "--optimizer nesterov",
+        base + "--optimizer adam --steps -1", base + "--optimizer adam --steps",
+        base + "--optimizer adam --lr fast", base + "--optimizer adam --bogus 1",
+        base + "--optimizer bread-sgd --bread-scope sideways",
+        base + "--optimizer badam --order sideways", base + "--optimizer badam --order fixed",
+        base + "--optimizer adam --schedule cosine:x", base + "--optimizer adam --schedule step",
+        base + "--optimizer adam --sched fast", base + "--optimizer adam --clip -1",
+        base + "--optimizer adam --total-steps 0",
+        std::string("train --model m --preset tiny --data d --optimizer adam")}) {
+    CAPTURE(args);
+    const auto r = run(args);
+    CHECK(r.code == 2);
+    CHECK(r.err.rfind("tightfit train: ", 0) == 0);  // the problem first
+    CHECK(r.err.find("usage: tightfit train") != std::string::npos);
+    CHECK(r.err.find("/nonexistent") == std::string::npos);  // no file was opened
+  }
+}
+
+TEST_CASE("train: a missing data file or an out-of-range token exits 1 with one line") {
+  train_fixture f;
+  const auto missing = f.dir / "no-such-data.safetensors";
+  auto r = run("train --model " + q(f.model) + " --data " + q(missing) + " --optimizer adam");
+  CHECK(r.code == 1);
+  CHECK(lines(r.err) == 1);
+  CHECK(r.err.find("no-such-data.safetensors") != std::string::npos);
+
+  const std::int64_t bad = f.cfg.vocab_size + 5;
+  std::vector<std::int64_t> ids(2 * 6, 1);
+  ids[9] = bad;  // row 1, position 3
+  const auto data = f.data(ids, 2, 6, "bad-token.safetensors");
+  r = run("train --model " + q(f.model) + " --data " + q(data) + " --optimizer badam --quiet");
+  CHECK(r.code == 1);
+  CHECK(lines(r.err) == 1);
+  CHECK(r.err.find("input_ids[1][3] is " + std::to_string(bad)) != std::string::npos);
+
+  r = run("train --model " + q(f.dir / "no-model") + " --data " + q(data) + " --optimizer adam");
+  CHECK(r.code == 1);
+  CHECK(lines(r.err) == 1);
+  CHECK(r.err.find("no-model") != std::string::npos);
+}
