@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdio>
+#include <exception>
 #include <map>
 #include <set>
 #include <string>
@@ -13,6 +14,20 @@ namespace tightfit::cli {
 struct usage_error {
   std::string message;
 };
+
+/// `text` as a number; anything else (empty, trailing characters) is a usage error naming `key`.
+inline double parse_number(const std::string& key, const std::string& text) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size())
+    throw usage_error{key + " expects a number, got '" + text + "'"};
+  return v;
+}
 
 /// Parsed options of one subcommand. Options take one value unless declared as flags.
 class arguments {
@@ -44,14 +59,7 @@ class arguments {
   }
   /// The option's value as a number; a malformed number is a usage error naming it.
   double number(const std::string& key, double fallback) const {
-    if (!has(key)) return fallback;
-    try {
-      std::size_t used = 0;
-      const double v = std::stod(get(key), &used);
-      if (used == get(key).size()) return v;
-    } catch (...) {
-    }
-    throw usage_error{key + " expects a number, got '" + get(key) + "'"};
+    return has(key) ? parse_number(key, get(key)) : fallback;
   }
   long long integer(const std::string& key, long long fallback) const {
     if (!has(key)) return fallback;

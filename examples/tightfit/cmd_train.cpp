@@ -79,17 +79,6 @@ struct args {
   bool deterministic = false;
 };
 
-double to_double(const std::string& flag, const std::string& v) {
-  std::size_t used = 0;
-  double x = 0;
-  try {
-    x = std::stod(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  check(used == v.size() && !v.empty(), flag, " is '", v, "', expected a number");
-  return x;
-}
 long long to_int(const std::string& flag, const std::string& v, long long min) {
   std::size_t used = 0;
   long long x = 0;
@@ -212,13 +201,13 @@ int train(int argc, char** argv) {
       } else if (f == "--seed") {
         a.seed = static_cast<std::uint64_t>(to_int(f, value(), 0));
       } else if (f == "--lr") {
-        a.lr = to_double(f, value());
+        a.lr = parse_number(f, value());
       } else if (f == "--bread-lr") {
-        a.bread_lr = to_double(f, value());
+        a.bread_lr = parse_number(f, value());
       } else if (f == "--clip") {
-        a.clip = to_double(f, value());
+        a.clip = parse_number(f, value());
       } else if (f == "--loraplus") {
-        a.loraplus = to_double(f, value());
+        a.loraplus = parse_number(f, value());
       } else if (f == "--embedding-block") {
         a.embedding_block = true;
       } else if (f == "--head-block") {
