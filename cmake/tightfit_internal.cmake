@@ -18,3 +18,22 @@ function(tightfit_add_executable name)
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE tightfit_internal tightfit::core ${ARG_LIBS})
 endfunction()
+
+# Eigen picks its SIMD kernels at compile time, and the compiler's default target is SSE2: built
+# that way the kernels run 3-5x slower on an AVX2 / AVX-512 machine (docs/benchmarks.md). So
+# tightfit's own programs (tests, benches, examples, the tool) are built for the building
+# machine's instruction set when tightfit is the top-level project. Never exported: consumers
+# and packagers choose their own flags (docs/architecture.md, "Compiler flags").
+option(TIGHTFIT_NATIVE "Build tightfit's own programs with -march=native" ${PROJECT_IS_TOP_LEVEL})
+if(TIGHTFIT_NATIVE)
+  include(CheckCXXCompilerFlag)
+  check_cxx_compiler_flag(-march=native TIGHTFIT_COMPILER_HAS_MARCH_NATIVE)
+  if(TIGHTFIT_COMPILER_HAS_MARCH_NATIVE)
+    # -Wno-maybe-uninitialized: GCC 12 reports a false positive inside avx512fintrin.h when
+    # inlined through Eigen's AVX-512 packet math.
+    target_compile_options(tightfit_internal INTERFACE -march=native
+      $<$<CXX_COMPILER_ID:GNU>:-Wno-maybe-uninitialized>)
+  else()
+    message(WARNING "TIGHTFIT_NATIVE: the compiler does not accept -march=native; building for its default target")
+  endif()
+endif()

@@ -48,10 +48,6 @@
 #include "tightfit/core/types.hpp"
 #include "tightfit/core/view.hpp"
 
-#if defined(TIGHTFIT_HAS_TBB) && TIGHTFIT_HAS_TBB
-#include <tbb/enumerable_thread_specific.h>
-#endif
-
 namespace tightfit {
 
 /// How eigen_backend parallelises the attention backward (see backend/detail/eigen_attention.hpp).
@@ -416,22 +412,17 @@ attention_backward_work attention_backward(const attention_problem<T>& pb, matri
   } else if (concurrency() <= 1) {  // one worker: add into dQ directly
     key_pass([&] { return dq; });
   } else {
-#if defined(TIGHTFIT_HAS_TBB) && TIGHTFIT_HAS_TBB
     // One dQ partial per worker thread that takes part, created on its first task.
-    tbb::enumerable_thread_specific<host_buffer<T>> parts(
-        [&] { return host_buffer<T>(memory, nq * heads * hd); });
+    per_worker<host_buffer<T>> parts([&] { return host_buffer<T>(memory, nq * heads * hd); });
     key_pass([&] { return parts.local().view(nq, heads * hd); });
     std::vector<const T*> part_data;
-    for (auto& part : parts) part_data.push_back(part.data());
+    parts.for_each([&](host_buffer<T>& part) { part_data.push_back(part.data()); });
     for_each_row(nq, heads * hd, [&](index_t r) {
       auto target = row_array(dq, r);
       for (const T* part : part_data) {
         target += eigen_array_map<const T>(part + r * heads * hd, heads * hd);
       }
     });
-#else
-    key_pass([&] { return dq; });
-#endif
   }
   work.key_major_elements = key_elements.load();
   return work;
