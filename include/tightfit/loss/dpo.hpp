@@ -73,6 +73,19 @@ class dpo_loss {
 
   static constexpr bool statistics_pass() { return true; }
 
+  /// Pairs of this batch.
+  objective_counts local_counts(const token_layout&) const {
+    objective_counts c;
+    c.pairs = static_cast<double>(pairs());
+    return c;
+  }
+  /// The loss is the mean over the pairs of the whole step (micro-batches, ranks).
+  void use_step_counts(const objective_counts& step) {
+    check(step.pairs >= static_cast<double>(pairs()), "dpo_loss: step pair count is ", step.pairs,
+          ", expected at least this batch's ", pairs());
+    step_pairs_ = step.pairs;
+  }
+
   void begin(const token_layout& layout) {
     const index_t p = pairs();
     std::vector<int> used(static_cast<std::size_t>(layout.batch), 0);
@@ -109,7 +122,7 @@ class dpo_loss {
 
   void end_statistics(const token_layout&) {
     const index_t p = pairs();
-    const double inv_p = 1.0 / static_cast<double>(p);
+    const double inv_p = 1.0 / (step_pairs_ > 0 ? step_pairs_ : static_cast<double>(p));
     margins_.assign(static_cast<std::size_t>(p), 0.0);
     for (index_t i = 0; i < p; ++i) {
       const auto k = static_cast<std::size_t>(i);
@@ -173,8 +186,9 @@ class dpo_loss {
   dpo_options opt_;
   std::vector<double> sums_, seq_coeff_, margins_;
   double loss_ = 0;
+  double step_pairs_ = 0;  // 0: this batch is the whole step
 };
 
-static_assert(Objective<dpo_loss>);
+static_assert(StepNormalisedObjective<dpo_loss>);
 
 }  // namespace tightfit

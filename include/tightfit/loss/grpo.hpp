@@ -62,6 +62,18 @@ class grpo_loss : public single_pass_objective {
           " but no reference log-probs were given");
   }
 
+  /// Sequences and counted completion tokens of `layout`.
+  objective_counts local_counts(const token_layout& layout) const { return count_targets(layout); }
+  /// Normalise by the sequences and completion tokens of the whole step (micro-batches, ranks):
+  /// grpo divides by the step's B, bnpo by its tokens, dr_grpo by its B (times L_max, which
+  /// must then be given as max_completion_length unless every piece has the same T).
+  void use_step_counts(const objective_counts& step) {
+    check(step.sequences >= 1, "grpo_loss: step sequence count is ", step.sequences,
+          ", expected >= 1");
+    step_ = step;
+    has_step_ = true;
+  }
+
   void begin(const token_layout& layout) {
     const index_t rows = layout.rows();
     check_extent("grpo_loss", "advantages.size", static_cast<index_t>(adv_.size()), layout.batch);
@@ -88,7 +100,8 @@ class grpo_loss : public single_pass_objective {
       finite(old_, "old_logprobs");
       finite(ref_, "ref_logprobs");
     }
-    const double bsz = static_cast<double>(layout.batch);
+    const double bsz = has_step_ ? step_.sequences : static_cast<double>(layout.batch);
+    if (has_step_) total = step_.tokens;
     const double lmax = static_cast<double>(
         opt_.max_completion_length > 0 ? opt_.max_completion_length : layout.seq_len);
     for (std::size_t b = 0; b < weight_.size(); ++b) {
@@ -141,8 +154,10 @@ class grpo_loss : public single_pass_objective {
   std::span<const double> adv_, old_, ref_;
   grpo_options opt_;
   std::vector<double> weight_;  // (B) per-token weight of each sequence
+  objective_counts step_;
+  bool has_step_ = false;
 };
 
-static_assert(Objective<grpo_loss>);
+static_assert(StepNormalisedObjective<grpo_loss>);
 
 }  // namespace tightfit

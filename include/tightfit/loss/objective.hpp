@@ -48,6 +48,43 @@ concept Objective = requires(O& o, const token_layout& layout, index_t r0,
   { o.finish(sum) } -> std::convertible_to<double>;
 };
 
+/// The counts an objective's normalisers are computed from (SFT's counted tokens, GRPO's
+/// sequences and completion tokens, DPO's pairs). begin() computes them over the batch it is
+/// given. When one optimizer step is split into pieces (micro-batches of gradient accumulation,
+/// the ranks of data-parallel training), the caller sums each piece's local_counts() over the
+/// whole step and passes the sums to use_step_counts() before begin(): each piece's loss and
+/// gradients are then its exact share of the union batch's, and the shares add up to the
+/// union's (the normalisation that must not be per piece).
+struct objective_counts {
+  double sequences = 0;  ///< sequences (rows) of the batch
+  double tokens = 0;     ///< counted targets (target != ignore_index)
+  double pairs = 0;      ///< preference pairs (DPO)
+
+  objective_counts& operator+=(const objective_counts& o) {
+    sequences += o.sequences;
+    tokens += o.tokens;
+    pairs += o.pairs;
+    return *this;
+  }
+};
+
+/// Counted targets and sequences of a layout.
+inline objective_counts count_targets(const token_layout& layout) {
+  objective_counts c;
+  c.sequences = static_cast<double>(layout.batch);
+  for (index_t r = 0; r < layout.rows(); ++r) c.tokens += layout.counts(r) ? 1 : 0;
+  return c;
+}
+
+/// An objective whose normalisers can span a whole step split into pieces (see
+/// objective_counts). All shipped objectives are.
+template <class O>
+concept StepNormalisedObjective = Objective<O> &&
+    requires(O& o, const O& co, const token_layout& layout, objective_counts c) {
+  { co.local_counts(layout) } -> std::same_as<objective_counts>;
+  o.use_step_counts(c);
+};
+
 /// Base for one-pass objectives: no statistics pass.
 struct single_pass_objective {
   static constexpr bool statistics_pass() { return false; }

@@ -29,13 +29,22 @@ class sft_loss : public single_pass_objective {
     return l;
   }
 
+  /// The counts of `layout` (objective_counts: only tokens matter here).
+  objective_counts local_counts(const token_layout& layout) const { return count_targets(layout); }
+  /// Normalise by the counted tokens of the whole step (all micro-batches, all ranks).
+  void use_step_counts(const objective_counts& step) {
+    check(step.tokens >= 0, "sft_loss: step token count is ", step.tokens, ", expected >= 0");
+    step_tokens_ = step.tokens;
+  }
+
   void begin(const token_layout& layout) {
-    counted_ = 0;
-    for (index_t r = 0; r < layout.rows(); ++r) counted_ += layout.counts(r) ? 1 : 0;
+    counted_ = static_cast<index_t>(count_targets(layout).tokens);
     if (reduction_ == reduction::sum)
       normaliser_ = 1.0;
     else if (given_normaliser_ > 0)
       normaliser_ = given_normaliser_;
+    else if (step_tokens_ >= 0)
+      normaliser_ = step_tokens_ > 0 ? step_tokens_ : 1.0;
     else
       normaliser_ = counted_ > 0 ? static_cast<double>(counted_) : 1.0;
   }
@@ -60,10 +69,11 @@ class sft_loss : public single_pass_objective {
  private:
   reduction reduction_ = reduction::mean;
   double given_normaliser_ = 0;
+  double step_tokens_ = -1;  // < 0: this batch is the whole step
   double normaliser_ = 1;
   index_t counted_ = 0;
 };
 
-static_assert(Objective<sft_loss>);
+static_assert(StepNormalisedObjective<sft_loss>);
 
 }  // namespace tightfit

@@ -1,0 +1,114 @@
+// Tests run by every rank under mpirun (dist_np2, dist_np3): the MPI communicator's collectives
+// against sums computed here from the rank numbers, error reporting, and the agreement check.
+// With TIGHTFIT_DIST_FAILURE=throw|die|disagree it runs a failure scenario instead
+// (expect_failure.sh): rank 1 misbehaves and the whole job must end, never hang.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dist_testing.hpp"
+#include "tightfit/dist/agreement.hpp"
+#include "tightfit/dist/mpi_communicator.hpp"
+
+using namespace tightfit;
+using tightfit::testing::world;
+
+TEST_CASE("all_reduce_sum: every rank gets the sum, non-blocking, counted") {
+  auto& comm = world();
+  const int n = comm.size(), me = comm.rank();
+  std::vector<double> x(1000), y(7);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = (me + 1) * 0.5 + static_cast<double>(i);
+  for (std::size_t i = 0; i < y.size(); ++i) y[i] = me == 0 ? 1.0 : 0.0;
+  const auto before = comm.stats();
+  auto rx = comm.all_reduce_sum(std::span<double>(x));
+  auto ry = comm.all_reduce_sum(std::span<double>(y));  // two in flight at once
+  ry.wait();
+  rx.wait();
+  CHECK(rx.done());
+  const double rank_part = 0.5 * n * (n + 1) / 2.0;
+  for (std::size_t i = 0; i < x.size(); ++i)
+    REQUIRE(x[i] == doctest::Approx(rank_part + n * static_cast<double>(i)).epsilon(1e-15));
+  for (double v : y) CHECK(v == 1.0);
+  CHECK(comm.stats().all_reduce_calls - before.all_reduce_calls == 2);
+  CHECK(comm.stats().bytes - before.bytes ==
+        static_cast<std::int64_t>((x.size() + y.size()) * sizeof(double)));
+
+  std::vector<float> f(3, 1.f);
+  comm.all_reduce_sum(std::span<float>(f)).wait();
+  CHECK(f[2] == static_cast<float>(n));
+  std::int64_t i = me;
+  comm.all_reduce_sum(std::span<std::int64_t>(&i, 1)).wait();
+  CHECK(i == std::int64_t{n} * (n - 1) / 2);
+}
+
+TEST_CASE("all_gather, reduce_scatter_sum, broadcast") {
+  auto& comm = world();
+  const int n = comm.size(), me = comm.rank();
+  std::vector<std::int64_t> mine{me, 10 * me}, all(static_cast<std::size_t>(2 * n));
+  comm.all_gather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
+  for (int r = 0; r < n; ++r) {
+    CHECK(all[static_cast<std::size_t>(2 * r)] == r);
+    CHECK(all[static_cast<std::size_t>(2 * r + 1)] == 10 * r);
+  }
+  // Every rank contributes value (rank + 1) * (k + 1) at position k of N*2 values: the block of
+  // rank me sums to (sum of ranks + N) * (k + 1).
+  std::vector<double> in(static_cast<std::size_t>(2 * n)), out(2);
+  for (std::size_t k = 0; k < in.size(); ++k) in[k] = (me + 1) * static_cast<double>(k + 1);
+  comm.reduce_scatter_sum(std::span<const double>(in), std::span<double>(out));
+  const double ranks_sum = n * (n + 1) / 2.0;
+  CHECK(out[0] == ranks_sum * static_cast<double>(2 * me + 1));
+  CHECK(out[1] == ranks_sum * static_cast<double>(2 * me + 2));
+  std::vector<float> b{static_cast<float>(me), 5.f};
+  comm.broadcast(std::span<float>(b), n - 1);
+  CHECK(b[0] == static_cast<float>(n - 1));
+  CHECK_THROWS_WITH_AS(comm.broadcast(std::span<float>(b), n), doctest::Contains("root is"), error);
+  std::vector<double> wrong(3);
+  CHECK_THROWS_WITH_AS(
+      comm.reduce_scatter_sum(std::span<const double>(in), std::span<double>(wrong)),
+      doctest::Contains("reduce_scatter_sum: in has"), error);
+  comm.barrier();
+}
+
+TEST_CASE("check_agreement: equal descriptions pass, one differing rank is named on every rank") {
+  auto& comm = world();
+  CHECK_NOTHROW(check_agreement(comm, "hidden 16, layers 2", "model configuration"));
+  const std::string mine = comm.rank() == 1 ? "hidden 17, layers 2" : "hidden 16, layers 2";
+  CHECK_THROWS_WITH_AS(check_agreement(comm, mine, "model configuration"),
+                       doctest::Contains("rank(s) 1 differ from rank 0"), error);
+}
+
+namespace {
+/// The failure scenarios of expect_failure.sh. Rank 1 misbehaves; the others go on into a
+/// collective, where they would wait for ever without the abort.
+int run_failure(const std::string& mode) {
+  auto& comm = world();
+  try {
+    if (mode == "throw" && comm.rank() == 1) fail("rank 1 failed on purpose");
+    if (mode == "die" && comm.rank() == 1) std::_Exit(3);
+    check_agreement(comm, mode == "disagree" && comm.rank() == 1 ? "other" : "same",
+                    "model configuration");
+    comm.barrier();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: %s\n", comm.rank(), e.what());
+    comm.abort(1);
+  }
+  return 0;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  mpi_environment env(&argc, &argv);
+  if (const char* mode = std::getenv("TIGHTFIT_DIST_FAILURE")) return run_failure(mode);
+  doctest::Context context(argc, argv);
+  const int failed = context.run();
+  // A rank whose checks failed must fail the job even if the others passed.
+  int any = failed != 0 ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return any;
+}
