@@ -13,11 +13,13 @@
 #include <vector>
 
 #include "dist_testing.hpp"
+#include "dp_testing.hpp"
 #include "tightfit/dist/agreement.hpp"
+#include "tightfit/dist/data_parallel.hpp"
 #include "tightfit/dist/mpi_communicator.hpp"
 
 using namespace tightfit;
-using tightfit::testing::world;
+using namespace tightfit::testing;
 
 TEST_CASE("all_reduce_sum: every rank gets the sum, non-blocking, counted") {
   auto& comm = world();
@@ -81,6 +83,92 @@ TEST_CASE("check_agreement: equal descriptions pass, one differing rank is named
   const std::string mine = comm.rank() == 1 ? "hidden 17, layers 2" : "hidden 16, layers 2";
   CHECK_THROWS_WITH_AS(check_agreement(comm, mine, "model configuration"),
                        doctest::Contains("rank(s) 1 differ from rank 0"), error);
+}
+
+namespace {
+
+/// Rank r's micro-batches: rows, lengths and token counts differ from rank to rank.
+std::vector<piece> pieces_of(int r, index_t vocab) {
+  const auto u = static_cast<std::uint64_t>(r);
+  std::vector<piece> out;
+  out.emplace_back(2 + 2 * (r % 2), 6 + r, vocab, 100 + 10 * u);
+  out.emplace_back(2, 5 + 2 * r, vocab, 101 + 10 * u);
+  return out;
+}
+
+backward_options opts(backward_schedule s) {
+  backward_options o;
+  o.sched = s;
+  o.chunk = 3;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("data parallel: every rank gets one process's gradient of the union batch (1e-12)") {
+  auto& comm = world();
+  const int n = comm.size();
+  for (bool tied : {false, true}) {
+    const model_config cfg = tiny_config(4, 2, true, tied, 3);
+    std::vector<std::vector<piece>> all;
+    for (int r = 0; r < n; ++r) all.push_back(pieces_of(r, cfg.vocab_size));
+    std::vector<const piece*> union_pieces;
+    index_t longest = 0;
+    for (auto& rank_pieces : all)
+      for (auto& p : rank_pieces) {
+        union_pieces.push_back(&p);
+        longest = std::max(longest, p.rows.seq_len);
+      }
+    auto& mine = all[static_cast<std::size_t>(comm.rank())];
+    const std::vector<token_batch> micro{mine[0].rows.view(), mine[1].rows.view()};
+    for (const char* name : {"sft", "grpo", "bnpo", "dr_grpo", "dpo", "ipo"}) {
+      if (tied && std::string(name) != "sft") continue;
+      for (auto sched :
+           {backward_schedule::full, backward_schedule::checkpoint, backward_schedule::stream}) {
+        CAPTURE(name);
+        CAPTURE(tied);
+        CAPTURE(static_cast<int>(sched));
+        const objective_spec spec{name, longest};
+        const union_result want = run_union(cfg, union_pieces, spec, opts(sched));
+        reference_backend<double> be;
+        decoder_model<reference_backend<double>> model(be, cfg);
+        seed_weights(model);
+        std::vector<test_objective> objectives;
+        for (auto& p : mine) objectives.push_back(make_objective(spec, p));
+        data_parallel_stats st;
+        const backward_result got = step_gradients(
+            model, std::span<const token_batch>(micro),
+            [&](std::size_t i) -> test_objective& { return objectives[i]; }, opts(sched), comm,
+            &st);
+        CHECK(std::abs(got.loss - want.loss) <= 1e-12 * std::abs(want.loss));
+        CHECK(max_grads_rel_diff(model_grads(model), want.grads) <= 1e-12);
+        CHECK(st.step_counts.tokens == want.counts.tokens);
+        CHECK(st.gradient_reductions == cfg.num_hidden_layers + 2);  // head, layers, embedding
+        CHECK(st.other_messages == 3);                               // agreement, counts, loss
+      }
+    }
+  }
+}
+
+TEST_CASE("data parallel with a block optimizer's mask: only the active layer crosses the wire") {
+  auto& comm = world();
+  const model_config cfg = tiny_config(4, 2, true, false, 3);
+  const auto mine = pieces_of(comm.rank(), cfg.vocab_size);
+  backward_options opt = opts(backward_schedule::stream);
+  opt.layer_weight_grads = {false, true, false};
+  opt.head_grad = false;
+  opt.embedding_grad = false;
+  reference_backend<double> be;
+  decoder_model<reference_backend<double>> model(be, cfg);
+  seed_weights(model);
+  sft_loss loss;
+  data_parallel_stats st;
+  data_parallel_gradients(model, mine[0].rows.view(), loss, opt, comm, &st);
+  CHECK(st.gradient_reductions == 1);
+  std::int64_t layer_bytes = 0;
+  for (auto id : model.layer_param_ids(1))
+    layer_bytes += static_cast<std::int64_t>(model.parameters().numel(id) * sizeof(double));
+  CHECK(st.gradient_bytes == layer_bytes);
 }
 
 namespace {
