@@ -17,6 +17,7 @@
 #include "tightfit/dist/agreement.hpp"
 #include "tightfit/dist/data_parallel.hpp"
 #include "tightfit/dist/mpi_communicator.hpp"
+#include "tightfit/dist/zero1.hpp"
 
 using namespace tightfit;
 using namespace tightfit::testing;
@@ -169,6 +170,74 @@ TEST_CASE("data parallel with a block optimizer's mask: only the active layer cr
   for (auto id : model.layer_param_ids(1))
     layer_bytes += static_cast<std::int64_t>(model.parameters().numel(id) * sizeof(double));
   CHECK(st.gradient_bytes == layer_bytes);
+}
+
+TEST_CASE("ZeRO-1 AdamW: 5 steps over the ranks equal one process on the union batch (1e-12)") {
+  auto& comm = world();
+  const int n = comm.size();
+  const model_config cfg = tiny_config(4, 2, true, false, 2);
+  std::vector<std::vector<piece>> all;
+  std::vector<const piece*> union_pieces;
+  for (int r = 0; r < n; ++r) all.push_back(pieces_of(r, cfg.vocab_size));
+  for (auto& rank_pieces : all)
+    for (auto& p : rank_pieces) union_pieces.push_back(&p);
+  auto& mine = all[static_cast<std::size_t>(comm.rank())];
+  const std::vector<token_batch> micro{mine[0].rows.view(), mine[1].rows.view()};
+  const objective_spec spec{"sft"};
+  adamw_update_rule rule;
+  rule.lr = 3e-2;  // large steps, so that a wrong update shows
+
+  // One process, the whole union batch, every parameter's state.
+  using ref = reference_backend<double>;
+  ref be1;
+  decoder_model<ref> one(be1, cfg);
+  seed_weights(one);
+  std::vector<std::size_t> ids(one.parameters().size());
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = i;
+  rule_state<ref, adamw_update_rule> state(one.parameters(), ids, rule);
+  const union_batch u(union_pieces);
+  for (int step = 0; step < 5; ++step) {
+    one.parameters().zero_grads();
+    test_objective objective = make_objective(spec, u);
+    compute_gradients(one, u.rows.view(), objective, opts(backward_schedule::stream));
+    state.step(one.parameters(), rule, 1.0);
+  }
+
+  // The ranks: each its own micro-batches, the state sharded.
+  ref be;
+  decoder_model<ref> model(be, cfg);
+  seed_weights(model);
+  for (std::size_t id : ids) model.parameters().allocate_grad(id);
+  zero1_optimizer<ref, adamw_update_rule, mpi_communicator> zero(model.parameters(), ids, rule,
+                                                                 comm);
+  for (int step = 0; step < 5; ++step) {
+    model.parameters().zero_grads();
+    std::vector<test_objective> objectives;
+    for (auto& p : mine) objectives.push_back(make_objective(spec, p));
+    step_gradients(
+        model, std::span<const token_batch>(micro),
+        [&](std::size_t i) -> test_objective& { return objectives[i]; },
+        opts(backward_schedule::stream), comm, nullptr, gradient_sync::none);
+    zero.step();
+  }
+  double worst = 0;
+  for (std::size_t id : ids) {
+    const auto a = model.parameters().value(id), b = one.parameters().value(id);
+    worst = std::max(worst, max_rel_diff(std::vector<double>(a.begin(), a.end()),
+                                         std::vector<double>(b.begin(), b.end())));
+  }
+  CHECK(worst <= 1e-12);
+  // The parameters moved (the comparison is not between two untouched models).
+  const auto v = model.parameters().value(0);
+  decoder_model<ref> fresh(be, cfg);
+  seed_weights(fresh);
+  CHECK(max_rel_diff(std::vector<double>(v.begin(), v.end()),
+                     std::vector<double>(fresh.parameters().value(0).begin(),
+                                         fresh.parameters().value(0).end())) > 1e-3);
+  // Each rank holds m and v of one shard: 1/N of one process's state (up to the padding).
+  CHECK(zero.state_bytes() <= 2 * static_cast<std::size_t>(zero.shard_size()) * sizeof(double));
+  CHECK(zero.shard_size() * n >= zero.total_size());
+  CHECK(zero.shard_size() * n < zero.total_size() + n);
 }
 
 namespace {

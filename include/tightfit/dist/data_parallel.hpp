@@ -50,6 +50,11 @@ struct data_parallel_stats {
   objective_counts step_counts;          ///< the whole step's counts (all pieces, all ranks)
 };
 
+/// What step_gradients does with the gradients once they are final: all-reduce them (data
+/// parallel), or leave each rank's own sum (an optimizer that reduce-scatters them itself, such
+/// as zero1_optimizer).
+enum class gradient_sync { all_reduce, none };
+
 namespace detail {
 
 /// The description ranks must agree on: configuration, parameter shapes, options.
@@ -80,7 +85,8 @@ std::string data_parallel_description(M& model, const backward_options& opt) {
 template <DecoderModel M, class ObjectiveOf, Communicator C>
 backward_result step_gradients(M& model, std::span<const token_batch> micro_batches,
                                ObjectiveOf&& objective_of, const backward_options& opt, C& comm,
-                               data_parallel_stats* stats = nullptr) {
+                               data_parallel_stats* stats = nullptr,
+                               gradient_sync sync = gradient_sync::all_reduce) {
   using T = storage_t<typename M::backend_type>;
   using clock = std::chrono::steady_clock;
   check(!micro_batches.empty(), "step_gradients: no micro-batch given");
@@ -164,26 +170,27 @@ backward_result step_gradients(M& model, std::span<const token_batch> micro_batc
     return with_grad;
   };
   backward_options last = opt;
-  last.on_grads_ready = [&](const grads_ready& e) {
-    pending p{e, ids_of(e), {}, {}};
-    index_t n = 0;
-    for (std::size_t id : p.ids) n += static_cast<index_t>(params.grad(id).size());
-    p.staging = host_buffer<T>(memory, n);  // (n) the group's gradients, packed
-    T* dst = p.staging.data();
-    for (std::size_t id : p.ids) {
-      auto g = params.grad(id);
-      dst = std::copy(g.begin(), g.end(), dst);
-    }
-    p.request = comm.all_reduce_sum(p.staging.span());
-    ++st.gradient_reductions;
-    st.gradient_bytes += static_cast<std::int64_t>(n) * static_cast<std::int64_t>(sizeof(T));
-    // The groups started before this one had a whole group's backward to travel.
-    while (!in_flight.empty()) {
-      complete(in_flight.front());
-      in_flight.pop_front();
-    }
-    in_flight.push_back(std::move(p));
-  };
+  if (sync == gradient_sync::all_reduce)
+    last.on_grads_ready = [&](const grads_ready& e) {
+      pending p{e, ids_of(e), {}, {}};
+      index_t n = 0;
+      for (std::size_t id : p.ids) n += static_cast<index_t>(params.grad(id).size());
+      p.staging = host_buffer<T>(memory, n);  // (n) the group's gradients, packed
+      T* dst = p.staging.data();
+      for (std::size_t id : p.ids) {
+        auto g = params.grad(id);
+        dst = std::copy(g.begin(), g.end(), dst);
+      }
+      p.request = comm.all_reduce_sum(p.staging.span());
+      ++st.gradient_reductions;
+      st.gradient_bytes += static_cast<std::int64_t>(n) * static_cast<std::int64_t>(sizeof(T));
+      // The groups started before this one had a whole group's backward to travel.
+      while (!in_flight.empty()) {
+        complete(in_flight.front());
+        in_flight.pop_front();
+      }
+      in_flight.push_back(std::move(p));
+    };
   const std::size_t k = micro_batches.size() - 1;
   const backward_result r = compute_gradients(model, micro_batches[k], objective_of(k), last);
   const auto wait_start = clock::now();
@@ -209,10 +216,11 @@ backward_result step_gradients(M& model, std::span<const token_batch> micro_batc
 template <DecoderModel M, StepNormalisedObjective O, Communicator C>
 backward_result data_parallel_gradients(M& model, const token_batch& batch, O& objective,
                                         const backward_options& opt, C& comm,
-                                        data_parallel_stats* stats = nullptr) {
+                                        data_parallel_stats* stats = nullptr,
+                                        gradient_sync sync = gradient_sync::all_reduce) {
   return step_gradients(
       model, std::span<const token_batch>(&batch, 1), [&](std::size_t) -> O& { return objective; },
-      opt, comm, stats);
+      opt, comm, stats, sync);
 }
 
 }  // namespace tightfit
