@@ -38,34 +38,47 @@ bool counted(const random_batch& b, index_t r) {
   return b.targets[static_cast<std::size_t>(r)] != ignore_index && r % b.seq_len < len;
 }
 
-/// GRPO written from the formula (ALGORITHMS.md), independently of loss/grpo.hpp.
+/// GRPO written from the formula (docs/objectives.md), independently of loss/grpo.hpp: token or
+/// sequence-level ratio, two-sided clipping (delta), every aggregation.
 double dense_grpo(const random_batch& b, const std::vector<double>& lp,
                   const std::vector<double>& adv, const std::vector<double>& old,
                   const std::vector<double>& refp, const grpo_options& o) {
-  std::vector<double> seq_sum(static_cast<std::size_t>(b.batch), 0), seq_n(seq_sum);
+  const auto nb = static_cast<std::size_t>(b.batch);
+  std::vector<double> seq_sum(nb, 0), seq_n(nb, 0), seq_log_ratio(nb, 0);
+  auto old_of = [&](std::size_t k) { return old.empty() ? lp[k] : old[k]; };
+  for (index_t r = 0; r < b.batch * b.seq_len; ++r)
+    if (counted(b, r)) {
+      const auto k = static_cast<std::size_t>(r);
+      seq_log_ratio[static_cast<std::size_t>(r / b.seq_len)] += lp[k] - old_of(k);
+      seq_n[static_cast<std::size_t>(r / b.seq_len)] += 1;
+    }
   double total = 0, n_all = 0;
   for (index_t r = 0; r < b.batch * b.seq_len; ++r) {
     if (!counted(b, r)) continue;
     const auto k = static_cast<std::size_t>(r);
-    const double ratio = std::exp(lp[k] - (old.empty() ? lp[k] : old[k]));
-    const double a = adv[static_cast<std::size_t>(r / b.seq_len)];
+    const auto seq = static_cast<std::size_t>(r / b.seq_len);
+    const double ratio = o.level == importance_sampling_level::token
+                             ? std::exp(lp[k] - old_of(k))
+                             : std::exp(seq_log_ratio[seq] / seq_n[seq]);
+    const double a = adv[seq];
     const double lo = 1 - o.epsilon_low, hi = 1 + o.epsilon_high;
     const double clipped = ratio < lo ? lo : (ratio > hi ? hi : ratio);
-    double l = -std::min(ratio * a, clipped * a);
+    const double capped = o.delta > 0 && ratio > o.delta ? o.delta : ratio;
+    double l = -std::min(capped * a, clipped * a);
     if (o.beta != 0) l += o.beta * (std::exp(refp[k] - lp[k]) - (refp[k] - lp[k]) - 1);
-    seq_sum[static_cast<std::size_t>(r / b.seq_len)] += l;
-    seq_n[static_cast<std::size_t>(r / b.seq_len)] += 1;
+    seq_sum[seq] += l;
     total += l;
     n_all += 1;
   }
   switch (o.aggregation) {
     case grpo_aggregation::grpo: {
       double s = 0;
-      for (std::size_t i = 0; i < seq_sum.size(); ++i)
+      for (std::size_t i = 0; i < nb; ++i)
         if (seq_n[i] > 0) s += seq_sum[i] / seq_n[i];
       return s / static_cast<double>(b.batch);
     }
     case grpo_aggregation::bnpo:
+    case grpo_aggregation::dapo:
       return n_all > 0 ? total / n_all : 0.0;
     case grpo_aggregation::dr_grpo:
       return total / (static_cast<double>(b.batch) * static_cast<double>(b.seq_len));
@@ -73,25 +86,41 @@ double dense_grpo(const random_batch& b, const std::vector<double>& lp,
   return 0;
 }
 
-/// DPO written from the formula, pairs (row p, row p + P).
+/// Preference losses written from the formulas, pairs (row p, row p + P): DPO, IPO, hinge
+/// (with reference sums), SimPO and ORPO (average log-probs, no reference), plus the NLL term.
 double dense_dpo(const random_batch& b, const std::vector<double>& lp,
                  const std::vector<double>& ref_w, const std::vector<double>& ref_l,
                  const dpo_options& o) {
-  std::vector<double> pi(static_cast<std::size_t>(b.batch), 0);
+  std::vector<double> pi(static_cast<std::size_t>(b.batch), 0), n(pi);
   for (index_t r = 0; r < b.batch * b.seq_len; ++r)
-    if (counted(b, r))
+    if (counted(b, r)) {
       pi[static_cast<std::size_t>(r / b.seq_len)] += lp[static_cast<std::size_t>(r)];
-  const std::size_t pairs = ref_w.size();
-  double loss = 0;
+      n[static_cast<std::size_t>(r / b.seq_len)] += 1;
+    }
+  const std::size_t pairs = static_cast<std::size_t>(b.batch) / 2;
+  auto logsig = [](double x) { return -std::log1p(std::exp(-x)); };
+  double loss = 0, nll = 0, chosen_tokens = 0;
   for (std::size_t p = 0; p < pairs; ++p) {
-    const double h = (pi[p] - ref_w[p]) - (pi[p + pairs] - ref_l[p]);
-    const double u = o.beta * h, e = o.label_smoothing;
-    auto logsig = [](double x) { return -std::log1p(std::exp(-x)); };
-    if (o.loss == dpo_loss_type::sigmoid) loss += -(1 - e) * logsig(u) - e * logsig(-u);
-    if (o.loss == dpo_loss_type::ipo) loss += std::pow(h - 1 / (2 * o.beta), 2);
-    if (o.loss == dpo_loss_type::hinge) loss += std::max(0.0, 1 - u);
+    const double e = o.label_smoothing;
+    const double aw = pi[p] / n[p], al = pi[p + pairs] / n[p + pairs];
+    if (o.loss == dpo_loss_type::simpo) {
+      const double u = o.beta * (aw - al) - o.simpo_gamma;
+      loss += -(1 - e) * logsig(u) - e * logsig(-u);
+    } else if (o.loss == dpo_loss_type::orpo) {
+      const double odds = (aw - al) - (std::log(1 - std::exp(aw)) - std::log(1 - std::exp(al)));
+      loss += -o.beta * logsig(odds);
+    } else {
+      const double h = (pi[p] - ref_w[p]) - (pi[p + pairs] - ref_l[p]);
+      const double u = o.beta * h;
+      if (o.loss == dpo_loss_type::sigmoid) loss += -(1 - e) * logsig(u) - e * logsig(-u);
+      if (o.loss == dpo_loss_type::ipo) loss += std::pow(h - 1 / (2 * o.beta), 2);
+      if (o.loss == dpo_loss_type::hinge) loss += std::max(0.0, 1 - u);
+    }
+    nll -= pi[p];
+    chosen_tokens += n[p];
   }
-  return loss / static_cast<double>(pairs);
+  const double alpha = o.loss == dpo_loss_type::orpo ? 1.0 : o.rpo_alpha;
+  return loss / static_cast<double>(pairs) + alpha * nll / chosen_tokens;
 }
 
 struct scenario {
@@ -111,9 +140,10 @@ void check_objective(const scenario& s, Make&& make,
   model.init_random(5, 0.3, 0.2);
   const double dense_loss = dense(dense_logprobs(model, s.batch));
   std::vector<std::vector<double>> full_grads;
-  for (schedule sched : {schedule::full, schedule::checkpoint, schedule::stream}) {
+  for (backward_schedule sched :
+       {backward_schedule::full, backward_schedule::checkpoint, backward_schedule::stream}) {
     for (index_t chunk : {index_t{1}, index_t{3}, index_t{5}, s.batch.seq_len + 2}) {
-      if (sched != schedule::stream && chunk != 3) continue;
+      if (sched != backward_schedule::stream && chunk != 3) continue;
       CAPTURE(to_string(sched));
       CAPTURE(chunk);
       model.parameters().zero_grads();
@@ -199,7 +229,8 @@ TEST_CASE("GRPO: every aggregation, clipping branches, KL, old log-probs") {
   CHECK(above > 0);
   CHECK(below > 0);
   const std::vector<double> adv = {1.5, -0.7, 0.4};  // both signs
-  for (auto agg : {grpo_aggregation::grpo, grpo_aggregation::bnpo, grpo_aggregation::dr_grpo}) {
+  for (auto agg : {grpo_aggregation::grpo, grpo_aggregation::bnpo, grpo_aggregation::dapo,
+                   grpo_aggregation::dr_grpo}) {
     for (double beta : {0.0, 0.04}) {
       CAPTURE(static_cast<int>(agg));
       CAPTURE(beta);
@@ -213,8 +244,49 @@ TEST_CASE("GRPO: every aggregation, clipping branches, KL, old log-probs") {
           [&](const std::vector<double>& l) { return dense_grpo(s.batch, l, adv, old, refp, o); });
     }
   }
+  // GSPO's sequence-level ratio and two-sided clipping (delta caps the ratio of the
+  // negative-advantage sequence 1, whose tokens reach r = 1.82 > 1.6)
+  for (auto level : {importance_sampling_level::token, importance_sampling_level::sequence}) {
+    for (double delta : {0.0, 1.6}) {
+      for (auto agg : {grpo_aggregation::grpo, grpo_aggregation::dapo}) {
+        CAPTURE(static_cast<int>(level));
+        CAPTURE(delta);
+        CAPTURE(static_cast<int>(agg));
+        grpo_options o;
+        o.epsilon_low = 0.2;
+        o.epsilon_high = 0.28;
+        o.beta = 0.04;
+        o.delta = delta;
+        o.level = level;
+        o.aggregation = agg;
+        check_objective(
+            s, [&] { return grpo_loss(adv, old, refp, o); },
+            [&](const std::vector<double>& l) {
+              return dense_grpo(s.batch, l, adv, old, refp, o);
+            });
+      }
+    }
+  }
+  {
+    // delta changes the loss (a check of the test: the capped branch is reached)
+    grpo_options with_delta, without;
+    with_delta.delta = 1.6;
+    CHECK(dense_grpo(s.batch, lp, adv, old, refp, with_delta) !=
+          dense_grpo(s.batch, lp, adv, old, refp, without));
+    grpo_options seq;
+    seq.level = importance_sampling_level::sequence;
+    CHECK(dense_grpo(s.batch, lp, adv, old, refp, seq) !=
+          dense_grpo(s.batch, lp, adv, old, refp, without));
+  }
   // without old log-probs they equal the current ones, detached: the dense formula holds
   // them at the unperturbed values
+  for (auto level : {importance_sampling_level::token, importance_sampling_level::sequence}) {
+    grpo_options o;
+    o.level = level;
+    check_objective(
+        s, [&] { return grpo_loss(adv, {}, {}, o); },
+        [&](const std::vector<double>& l) { return dense_grpo(s.batch, l, adv, lp, {}, o); });
+  }
   grpo_options o;
   check_objective(
       s, [&] { return grpo_loss(adv, {}, {}, o); },
@@ -245,6 +317,69 @@ TEST_CASE("DPO: sigmoid with label smoothing 0 and 0.1, IPO, hinge") {
           [&](const std::vector<double>& l) { return dense_dpo(s.batch, l, ref_w, ref_l, o); });
     }
   }
+}
+
+TEST_CASE("preference losses: RPO's NLL term, SimPO and ORPO (reference-free)") {
+  random_batch b(4, 8, 37, {8, 7, 6, 8}, 43, 0.0);
+  for (index_t row = 0; row < 4; ++row)
+    for (index_t t = 0; t < 2 + row % 2; ++t)
+      b.targets[static_cast<std::size_t>(row * 8 + t)] = ignore_index;
+  scenario s(b);
+  const std::vector<index_t> chosen = {0, 1}, rejected = {2, 3};
+  const std::vector<double> ref_w = {-20.0, -18.5}, ref_l = {-19.0, -21.0};
+  {
+    dpo_options o;
+    o.beta = 0.3;
+    o.rpo_alpha = 0.7;
+    check_objective(
+        s, [&] { return dpo_loss(chosen, rejected, ref_w, ref_l, o); },
+        [&](const std::vector<double>& l) { return dense_dpo(s.batch, l, ref_w, ref_l, o); });
+  }
+  for (double eps : {0.0, 0.1}) {
+    CAPTURE(eps);
+    dpo_options o;
+    o.loss = dpo_loss_type::simpo;
+    o.beta = 2.0;
+    o.simpo_gamma = 0.4;
+    o.label_smoothing = eps;
+    check_objective(
+        s, [&] { return dpo_loss(chosen, rejected, {}, {}, o); },
+        [&](const std::vector<double>& l) { return dense_dpo(s.batch, l, {}, {}, o); });
+  }
+  {
+    dpo_options o;
+    o.loss = dpo_loss_type::orpo;
+    o.beta = 0.25;
+    check_objective(
+        s, [&] { return dpo_loss(chosen, rejected, {}, {}, o); },
+        [&](const std::vector<double>& l) { return dense_dpo(s.batch, l, {}, {}, o); });
+  }
+  dpo_options needs_ref;
+  CHECK_THROWS_WITH_AS(dpo_loss(chosen, rejected, {}, {}, needs_ref),
+                       doctest::Contains("ref_chosen.size is 0, expected 2"), error);
+  CHECK(parse_dpo_loss_type("simpo") == dpo_loss_type::simpo);
+  CHECK(parse_dpo_loss_type("orpo") == dpo_loss_type::orpo);
+}
+
+TEST_CASE("mask_truncated_completions drops every target of rows without a stop token") {
+  random_batch b(3, 5, 37, {5, 3, 5}, 9, 0.0);
+  const token_id eos = 36;
+  b.ids[4] = eos;      // row 0 ends with EOS: kept
+  b.ids[5 + 2] = 35;   // row 1 (length 3) ends with 35: truncated
+  b.ids[10 + 4] = 12;  // row 2 ends with 12: truncated
+  const std::vector<token_id> stops = {eos, 35};
+  std::vector<token_id> targets = b.targets;
+  const index_t masked =
+      mask_truncated_completions(targets, b.ids, b.batch, b.seq_len, b.lengths, stops);
+  CHECK(masked == 1);
+  for (index_t t = 0; t < 5; ++t) {
+    CHECK(targets[static_cast<std::size_t>(t)] == b.targets[static_cast<std::size_t>(t)]);
+    CHECK(targets[static_cast<std::size_t>(5 + t)] == b.targets[static_cast<std::size_t>(5 + t)]);
+    CHECK(targets[static_cast<std::size_t>(10 + t)] == ignore_index);
+  }
+  CHECK_THROWS_WITH_AS(
+      mask_truncated_completions(targets, b.ids, b.batch, b.seq_len, b.lengths, {}),
+      doctest::Contains("no stop token"), error);
 }
 
 TEST_CASE("DPO reference sums from a reference model's own forward") {
@@ -294,7 +429,8 @@ TEST_CASE("degenerate objective input: documented zeros or clear errors, never N
     CHECK(finite_grads());
   }
   const std::vector<double> adv = {1.0, -1.0};
-  for (auto agg : {grpo_aggregation::grpo, grpo_aggregation::bnpo, grpo_aggregation::dr_grpo}) {
+  for (auto agg : {grpo_aggregation::grpo, grpo_aggregation::bnpo, grpo_aggregation::dapo,
+                   grpo_aggregation::dr_grpo}) {
     grpo_options go;
     go.aggregation = agg;
     grpo_loss loss(adv, {}, {}, go);

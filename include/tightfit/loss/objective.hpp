@@ -1,5 +1,5 @@
 // tightfit/loss/objective.hpp: the Objective seam: losses that are functions of per-token
-// label log-probs lp_t = log softmax(z_t / tau)[y_t] (ALGORITHMS.md, "Objectives").
+// label log-probs lp_t = log softmax(z_t / tau)[y_t] (docs/objectives.md).
 //
 // The LM head streams over row chunks of the (B*T) flattened positions and never holds the
 // (B, T, V) logits; an objective only ever sees log-probs:
