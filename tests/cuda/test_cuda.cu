@@ -5,8 +5,9 @@
 //  - "gpu" (ctest cuda_gpu, label gpu): every kernel against reference_backend<double> on random
 //    data, float to 1e-5 and bf16 to 2e-2 relative (max abs error / max abs reference), on the
 //    reference's inputs rounded to the storage type; attention with GQA, q0 > 0, right padding,
-//    atomic and deterministic dQ (bit-identical reruns). Without a device the suite prints one
-//    line and passes.
+//    atomic and deterministic dQ (bit-identical reruns); stream == checkpoint == full on the GPU
+//    (float, a small GQA model with q/k-norm and padding) against the reference backend's full
+//    backprop in double. Without a device the suite prints one line and passes.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
@@ -19,6 +20,9 @@
 
 #include "tightfit/backend/cuda.hpp"
 #include "tightfit/backend/reference.hpp"
+#include "tightfit/loss/sft.hpp"
+#include "tightfit/nn/model.hpp"
+#include "tightfit/stream/backward.hpp"
 
 using namespace tightfit;
 using bf16 = __nv_bfloat16;
@@ -512,5 +516,59 @@ TEST_SUITE("gpu") {
     cb.download(std::span<const float>(master.span()), std::span<float>(pf));
     CHECK(rel_err(std::vector<double>(pf.begin(), pf.end()), p) < 1e-5);
     CHECK(rel_err(copy.get(), p) < 1e-2);
+  }
+
+  TEST_CASE("stream, checkpoint and full equal the reference backend on the GPU (float)") {
+    TIGHTFIT_NEED_DEVICE();
+    model_config cfg;
+    cfg.vocab_size = 301;
+    cfg.hidden_size = 64;
+    cfg.intermediate_size = 96;
+    cfg.num_hidden_layers = 2;
+    cfg.num_attention_heads = 8;
+    cfg.num_key_value_heads = 2;
+    cfg.head_dim = 16;
+    cfg.rms_norm_eps = 1e-6;
+    cfg.rope_theta = 10000;
+    cfg.qk_norm = true;
+    const index_t b = 2, t = 150;
+    std::mt19937_64 gen(5);
+    std::uniform_int_distribution<token_id> tok(0, cfg.vocab_size - 1);
+    std::vector<token_id> ids(static_cast<std::size_t>(b * t)), targets(ids.size());
+    for (auto& x : ids) x = tok(gen);
+    for (auto& x : targets) x = gen() % 5 == 0 ? ignore_index : tok(gen);
+    const std::vector<index_t> lengths{150, 97};
+    const token_batch batch{b, t, ids, targets, lengths};
+    auto run = [&](auto& be, backward_schedule s, index_t chunk) {
+      using B = std::remove_reference_t<decltype(be)>;
+      using T = storage_t<B>;
+      decoder_model<B> model(be, cfg);
+      model.init_random(7, 0.3, 0.2);
+      sft_loss loss;
+      backward_options o;
+      o.sched = s;
+      o.chunk = chunk;
+      const double l = compute_gradients(model, batch, loss, o).loss;
+      std::vector<std::vector<double>> grads;
+      auto& p = model.parameters();
+      for (std::size_t i = 0; i < p.size(); ++i) {
+        std::vector<T> h(static_cast<std::size_t>(p.has_grad(i) ? p.numel(i) : 0));
+        if (!h.empty()) be.download(std::span<const T>(p.grad(i)), std::span<T>(h));
+        grads.emplace_back(h.begin(), h.end());
+      }
+      return std::pair{l, grads};
+    };
+    reference_backend<double> rb;
+    const auto expected = run(rb, backward_schedule::full, t);
+    for (backward_schedule s :
+         {backward_schedule::full, backward_schedule::checkpoint, backward_schedule::stream}) {
+      const std::string name = to_string(s);
+      CAPTURE(name);
+      cuda_backend<float> cb(cuda_backend_options{0, false, true});
+      const auto got = run(cb, s, s == backward_schedule::stream ? 37 : t);
+      CHECK(std::abs(got.first - expected.first) <= 1e-4 * std::abs(expected.first));
+      for (std::size_t i = 0; i < got.second.size(); ++i)
+        CHECK(rel_err(got.second[i], expected.second[i]) < 1e-4);
+    }
   }
 }

@@ -12,7 +12,8 @@
 //    precomputed); dQ either by atomicAdd from the same blocks (fast, order not fixed) or, in
 //    deterministic mode, by a second kernel, a block per (query tile, head), summing key tiles
 //    in order (no atomics: bit-identical results run to run).
-// Tiles are fp32 in dynamic shared memory ((2 BR + 2 BC) hd floats forward); math in fp32.
+// Tiles are fp32 in dynamic shared memory with row stride hd + 1 (no bank conflicts when a
+// warp walks a column); math in fp32.
 // Plain CUDA cores, no tensor-core MMA: correct for any head_dim whose tiles fit the opt-in
 // shared memory, not tuned.
 #pragma once
@@ -40,13 +41,14 @@ __device__ __forceinline__ bool attn_visible(const attn_args& a, index_t i, inde
 }
 
 /// Loads rows [r0, r0 + n) of columns [c0, c0 + hd) of a strided matrix into a (n, hd) fp32
-/// tile; rows at or past `rows` read as 0.
+/// tile with row stride hd + 1 (so that walking a column hits 32 banks); rows at or past
+/// `rows` read as 0.
 template <class S>
 __device__ __forceinline__ void attn_load(float* tile, const S* m, index_t stride, index_t r0,
                                           index_t rows, index_t c0, index_t hd, int n) {
   for (index_t e = threadIdx.x; e < n * hd; e += blockDim.x) {
     const index_t r = e / hd, c = e % hd;
-    tile[e] = r0 + r < rows ? ld(m + (r0 + r) * stride + c0 + c) : 0.f;
+    tile[r * (hd + 1) + c] = r0 + r < rows ? ld(m + (r0 + r) * stride + c0 + c) : 0.f;
   }
 }
 
@@ -58,15 +60,15 @@ __global__ void __launch_bounds__(attn_threads)
     attn_forward_kernel(attn_args a, const S* q, index_t qs, const S* k, index_t ks, const S* v,
                         index_t vs, S* o, index_t os, L* lse, index_t lss) {
   extern __shared__ float smem[];
-  const index_t hd = a.hd;
-  float* qt = smem;                      // (BR, hd)
-  float* kt = qt + attn_br * hd;         // (BC, hd)
-  float* vt = kt + attn_bc * hd;         // (BC, hd)
-  float* ot = vt + attn_bc * hd;         // (BR, hd) unnormalised O
-  float* st = ot + attn_br * hd;         // (BR, BC) scores, then P
-  float* mrow = st + attn_br * attn_bc;  // (BR) running max
-  float* lrow = mrow + attn_br;          // (BR) running sum
-  float* arow = lrow + attn_br;          // (BR) rescale factor of this tile
+  const index_t hd = a.hd, tls = hd + 1;  // tiles have row stride tls
+  float* qt = smem;                       // (BR, hd)
+  float* kt = qt + attn_br * tls;         // (BC, hd)
+  float* vt = kt + attn_bc * tls;         // (BC, hd)
+  float* ot = vt + attn_bc * tls;         // (BR, hd) unnormalised O
+  float* st = ot + attn_br * tls;         // (BR, BC) scores, then P
+  float* mrow = st + attn_br * attn_bc;   // (BR) running max
+  float* lrow = mrow + attn_br;           // (BR) running sum
+  float* arow = lrow + attn_br;           // (BR) rescale factor of this tile
   const index_t i0 = static_cast<index_t>(blockIdx.x) * attn_br, h = blockIdx.y;
   const index_t kvc = (h / a.group) * hd, qc = h * hd;
   attn_load(qt, q, qs, i0, a.nq, qc, hd, attn_br);
@@ -89,7 +91,7 @@ __global__ void __launch_bounds__(attn_threads)
       float s = -INFINITY;
       if (attn_visible(a, i0 + r, j0 + c)) {
         float acc = 0;
-        for (index_t d = 0; d < hd; ++d) acc += qt[r * hd + d] * kt[c * hd + d];
+        for (index_t d = 0; d < hd; ++d) acc += qt[r * tls + d] * kt[c * tls + d];
         s = a.scale * acc;
       }
       st[e] = s;
@@ -102,8 +104,8 @@ __global__ void __launch_bounds__(attn_threads)
       const float mnew = fmaxf(mold, mt);
       float p = 0.f, alpha = 1.f;
       if (mnew != -INFINITY) {
-        p = s == -INFINITY ? 0.f : __expf(s - mnew);
-        alpha = mold == -INFINITY ? 0.f : __expf(mold - mnew);
+        p = s == -INFINITY ? 0.f : expf(s - mnew);
+        alpha = mold == -INFINITY ? 0.f : expf(mold - mnew);
       }
       const float psum = warp_sum(p);
       st[r * attn_bc + lane] = p;
@@ -119,7 +121,7 @@ __global__ void __launch_bounds__(attn_threads)
       for (index_t e = threadIdx.x; e < attn_br * hd; e += blockDim.x) {
         const index_t r = e / hd, c = e % hd;
         float acc = arow[r] * ot[e];
-        for (int cc = 0; cc < attn_bc; ++cc) acc += st[r * attn_bc + cc] * vt[cc * hd + c];
+        for (int cc = 0; cc < attn_bc; ++cc) acc += st[r * attn_bc + cc] * vt[cc * tls + c];
         ot[e] = acc;
       }
   }
@@ -160,17 +162,17 @@ __device__ __forceinline__ void attn_p_ds(const attn_args& a, index_t i0, index_
                                           const float* qt, const float* dot, const float* kt,
                                           const float* vt, const float* lrow, const float* drow,
                                           float* pt, float* dst) {
-  const index_t hd = a.hd;
+  const index_t hd = a.hd, tls = hd + 1;  // tiles have row stride tls
   for (int e = static_cast<int>(threadIdx.x); e < attn_br * attn_bc; e += blockDim.x) {
     const int r = e / attn_bc, c = e % attn_bc;
     float p = 0.f, ds = 0.f;
     if (attn_visible(a, i0 + r, j0 + c)) {
       float qk = 0, dov = 0;
       for (index_t d = 0; d < hd; ++d) {
-        qk += qt[r * hd + d] * kt[c * hd + d];
-        dov += dot[r * hd + d] * vt[c * hd + d];
+        qk += qt[r * tls + d] * kt[c * tls + d];
+        dov += dot[r * tls + d] * vt[c * tls + d];
       }
-      p = __expf(a.scale * qk - lrow[r]);
+      p = expf(a.scale * qk - lrow[r]);
       ds = p * (dov - drow[r]);
     }
     pt[e] = p;
@@ -188,14 +190,14 @@ __global__ void __launch_bounds__(attn_threads)
                               index_t lss, const float* dvec, float* dq, index_t dqs, S* dk,
                               index_t dks, S* dv, index_t dvs) {
   extern __shared__ float smem[];
-  const index_t hd = a.hd;
+  const index_t hd = a.hd, tls = hd + 1;  // tiles have row stride tls
   float* kt = smem;                       // (BC, hd)
-  float* vt = kt + attn_bc * hd;          // (BC, hd)
-  float* dkt = vt + attn_bc * hd;         // (BC, hd)
-  float* dvt = dkt + attn_bc * hd;        // (BC, hd)
-  float* qt = dvt + attn_bc * hd;         // (BR, hd)
-  float* dot = qt + attn_br * hd;         // (BR, hd)
-  float* pt = dot + attn_br * hd;         // (BR, BC)
+  float* vt = kt + attn_bc * tls;         // (BC, hd)
+  float* dkt = vt + attn_bc * tls;        // (BC, hd)
+  float* dvt = dkt + attn_bc * tls;       // (BC, hd)
+  float* qt = dvt + attn_bc * tls;        // (BR, hd)
+  float* dot = qt + attn_br * tls;        // (BR, hd)
+  float* pt = dot + attn_br * tls;        // (BR, BC)
   float* dst = pt + attn_br * attn_bc;    // (BR, BC)
   float* lrow = dst + attn_br * attn_bc;  // (BR)
   float* drow = lrow + attn_br;           // (BR)
@@ -224,8 +226,8 @@ __global__ void __launch_bounds__(attn_threads)
         const index_t c = e / hd, d = e % hd;
         float accv = 0, acck = 0;
         for (int r = 0; r < attn_br; ++r) {
-          accv += pt[r * attn_bc + c] * dot[r * hd + d];
-          acck += dst[r * attn_bc + c] * qt[r * hd + d];
+          accv += pt[r * attn_bc + c] * dot[r * tls + d];
+          acck += dst[r * attn_bc + c] * qt[r * tls + d];
         }
         dvt[e] += accv;
         dkt[e] += a.scale * acck;
@@ -235,7 +237,7 @@ __global__ void __launch_bounds__(attn_threads)
           const index_t r = e / hd, d = e % hd;
           if (i0 + r >= a.nq) continue;
           float acc = 0;
-          for (int c = 0; c < attn_bc; ++c) acc += dst[r * attn_bc + c] * kt[c * hd + d];
+          for (int c = 0; c < attn_bc; ++c) acc += dst[r * attn_bc + c] * kt[c * tls + d];
           if (acc != 0.f) atomicAdd(dq + (i0 + r) * dqs + qc + d, a.scale * acc);
         }
     }
@@ -259,13 +261,13 @@ __global__ void __launch_bounds__(attn_threads)
                             index_t vs, const S* dout, index_t ds, const float* lse, index_t lss,
                             const float* dvec, S* dq, index_t dqs) {
   extern __shared__ float smem[];
-  const index_t hd = a.hd;
+  const index_t hd = a.hd, tls = hd + 1;  // tiles have row stride tls
   float* qt = smem;                       // (BR, hd)
-  float* dot = qt + attn_br * hd;         // (BR, hd)
-  float* dqt = dot + attn_br * hd;        // (BR, hd)
-  float* kt = dqt + attn_br * hd;         // (BC, hd)
-  float* vt = kt + attn_bc * hd;          // (BC, hd)
-  float* pt = vt + attn_bc * hd;          // (BR, BC)
+  float* dot = qt + attn_br * tls;        // (BR, hd)
+  float* dqt = dot + attn_br * tls;       // (BR, hd)
+  float* kt = dqt + attn_br * tls;        // (BC, hd)
+  float* vt = kt + attn_bc * tls;         // (BC, hd)
+  float* pt = vt + attn_bc * tls;         // (BR, BC)
   float* dst = pt + attn_br * attn_bc;    // (BR, BC)
   float* lrow = dst + attn_br * attn_bc;  // (BR)
   float* drow = lrow + attn_br;           // (BR)
@@ -291,7 +293,7 @@ __global__ void __launch_bounds__(attn_threads)
     for (index_t e = threadIdx.x; e < attn_br * hd; e += blockDim.x) {
       const index_t r = e / hd, d = e % hd;
       float acc = 0;
-      for (int c = 0; c < attn_bc; ++c) acc += dst[r * attn_bc + c] * kt[c * hd + d];
+      for (int c = 0; c < attn_bc; ++c) acc += dst[r * attn_bc + c] * kt[c * tls + d];
       dqt[e] += a.scale * acc;
     }
   }
@@ -306,15 +308,15 @@ __global__ void __launch_bounds__(attn_threads)
 
 /// Shared-memory bytes of each kernel for head_dim hd.
 inline std::size_t attn_forward_smem(index_t hd) {
-  return sizeof(float) * static_cast<std::size_t>((2 * attn_br + 2 * attn_bc) * hd +
+  return sizeof(float) * static_cast<std::size_t>((2 * attn_br + 2 * attn_bc) * (hd + 1) +
                                                   attn_br * attn_bc + 3 * attn_br);
 }
 inline std::size_t attn_dkdv_smem(index_t hd) {
-  return sizeof(float) * static_cast<std::size_t>((4 * attn_bc + 2 * attn_br) * hd +
+  return sizeof(float) * static_cast<std::size_t>((4 * attn_bc + 2 * attn_br) * (hd + 1) +
                                                   2 * attn_br * attn_bc + 2 * attn_br);
 }
 inline std::size_t attn_dq_smem(index_t hd) {
-  return sizeof(float) * static_cast<std::size_t>((3 * attn_br + 2 * attn_bc) * hd +
+  return sizeof(float) * static_cast<std::size_t>((3 * attn_br + 2 * attn_bc) * (hd + 1) +
                                                   2 * attn_br * attn_bc + 2 * attn_br);
 }
 

@@ -214,7 +214,7 @@ __global__ void rope_kernel(S* x, index_t xs, index_t rows, index_t heads, index
 // ---- SwiGLU -----------------------------------------------------------------------------------
 
 __device__ __forceinline__ float sigmoidf(float g) {
-  return 1.f / (1.f + __expf(-g));
+  return 1.f / (1.f + expf(-g));
 }
 
 template <class S>

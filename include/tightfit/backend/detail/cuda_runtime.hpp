@@ -74,6 +74,13 @@ class cuda_context {
     cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     cublas_check(cublasCreate(&blas_), "cublasCreate");
     cublas_check(cublasSetStream(blas_, stream_), "cublasSetStream");
+    // Keep freed blocks in the stream-ordered pool (a caching allocator) instead of returning
+    // them to the driver at every synchronisation.
+    cudaMemPool_t pool = nullptr;
+    cuda_check(cudaDeviceGetDefaultMemPool(&pool, device_), "cudaDeviceGetDefaultMemPool");
+    std::uint64_t keep = UINT64_MAX;
+    cuda_check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
+               "cudaMemPoolSetAttribute");
     cudaDeviceProp prop{};
     cuda_check(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
     max_shared_ = static_cast<std::size_t>(prop.sharedMemPerBlockOptin);
