@@ -91,7 +91,7 @@ mem_row measure(const std::string& method, const model_config& cfg, index_t seq,
   const auto targets = shift_labels(ids, 1, seq);
   const token_batch batch{1, seq, ids, targets, {}};
   backward_options o;
-  o.sched = schedule::stream;
+  o.sched = backward_schedule::stream;
   o.chunk = std::min<index_t>(512, seq);
   mem_row r;
   r.method = method;
@@ -360,7 +360,7 @@ struct eval_set {
 
   double loss(decoder_model<backend>& model) const {
     backward_options o;
-    o.sched = schedule::stream;
+    o.sched = backward_schedule::stream;
     o.chunk = seq;
     o.layer_weight_grads.assign(static_cast<std::size_t>(model.config().num_hidden_layers), false);
     o.embedding_grad = false;
@@ -402,7 +402,7 @@ run_result train_loop(decoder_model<backend>& model, Opt& opt, const run_config&
   std::mt19937_64 gen(data_seed);  // the same batches for every method
   std::vector<token_id> ids, targets;
   backward_options o;
-  o.sched = schedule::stream;
+  o.sched = backward_schedule::stream;
   o.chunk = task.seq_len();
   const cosine_schedule sched{
       static_cast<std::int64_t>(rc.warmup_frac * static_cast<double>(steps)), steps, rc.min_factor};

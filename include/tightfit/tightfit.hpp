@@ -36,4 +36,6 @@
 #if __has_include(<nlohmann/json.hpp>)
 #include "tightfit/io/hf.hpp"
 #include "tightfit/io/safetensors.hpp"
+#include "tightfit/io/token_file.hpp"
+#include "tightfit/nn/hf_model.hpp"
 #endif

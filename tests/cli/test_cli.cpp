@@ -12,8 +12,8 @@
 #include "cli_testing.hpp"
 #include "stream/stream_testing.hpp"
 #include "support/testing.hpp"
-#include "tightfit/io/hf.hpp"
 #include "tightfit/io/safetensors.hpp"
+#include "tightfit/nn/hf_model.hpp"
 
 using namespace tightfit;
 namespace fs = std::filesystem;
@@ -89,7 +89,7 @@ TEST_CASE("grad: JSON line and gradients equal to the library's") {
   const auto targets = shift_labels(labels, b, t);
   sft_loss loss;
   backward_options o;
-  o.sched = schedule::full;
+  o.sched = backward_schedule::full;
   const double expected = compute_gradients(model, {b, t, ids, targets, {}}, loss, o).loss;
   CHECK(std::abs(j["loss"].get<double>() - expected) < 1e-12 * std::abs(expected));
   const auto file = safetensors_file::open(grads);

@@ -14,8 +14,8 @@
 
 #include "cli_testing.hpp"
 #include "stream/stream_testing.hpp"
-#include "tightfit/io/hf.hpp"
 #include "tightfit/io/safetensors.hpp"
+#include "tightfit/nn/hf_model.hpp"
 
 using namespace tightfit;
 namespace fs = std::filesystem;

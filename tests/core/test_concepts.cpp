@@ -1,13 +1,20 @@
-// Compile-only checks that every shipped backend satisfies Backend, that parameter_set
-// satisfies ParameterSet, that near-misses do not, and that the minimal user backend shown in
-// docs/concepts.md compiles.
+// Compile-only checks that every shipped backend satisfies each part of the backend concept
+// (StorageBackend, DenseBackend, TransformerBackend, OptimizerBackend) and its buffers Buffer,
+// that parameter_set satisfies ParameterSet, that near-misses do not, that a backend without
+// optimizer kernels still computes gradients, and that the minimal user backend shown in
+// docs/concepts.md compiles. (tests/support/compile_fail/ holds the must-not-compile checks.)
 #include <doctest/doctest.h>
 
 #include <vector>
 
+#include <cstdint>
+
 #include "tightfit/backend/concept.hpp"
+#include "tightfit/backend/meta.hpp"
 #include "tightfit/backend/reference.hpp"
+#include "tightfit/loss/sft.hpp"
 #include "tightfit/nn/parameters.hpp"
+#include "tightfit/stream/backward.hpp"
 
 #if __has_include(<Eigen/Core>) && __has_include("tightfit/backend/eigen.hpp")
 #include "tightfit/backend/eigen.hpp"
@@ -17,13 +24,35 @@
 using namespace tightfit;
 
 // ---- shipped backends ---------------------------------------------------------------------
+template <class B>
+constexpr bool every_part = StorageBackend<B>&& DenseBackend<B>&& TransformerBackend<B>&&
+    OptimizerBackend<B>&& Backend<B>&& Buffer<buffer_t<B>, storage_t<B>>;
+static_assert(every_part<reference_backend<float>> && every_part<reference_backend<double>>);
+static_assert(every_part<meta_backend<float>> && every_part<meta_backend<double>>);
+static_assert(std::same_as<storage_t<reference_backend<float>>, float>);
+static_assert(std::same_as<accum_t<reference_backend<float>>, float>);
+// A bf16 / half backend names its storage type apart from its accumulation type.
+struct split_types {
+  using value_type = float;
+  using storage_type = std::uint16_t;
+};
+static_assert(std::same_as<storage_t<split_types>, std::uint16_t>);
+static_assert(std::same_as<accum_t<split_types>, float>);
+// Buffers: the full interface, not just data() and size().
+template <class U>
+struct data_size_only {
+  U* data() const { return nullptr; }
+  index_t size() const { return 0; }
+};
+static_assert(Buffer<host_buffer<float>, float> && Buffer<meta_buffer<double>, double>);
+static_assert(!Buffer<data_size_only<float>, float>);
+static_assert(!Buffer<host_buffer<float>, double>);
 static_assert(Backend<reference_backend<float>>);
 static_assert(Backend<reference_backend<double>>);
 static_assert(ParameterSet<parameter_set<reference_backend<double>>>);
 static_assert(ParameterSet<parameter_set<reference_backend<float>>>);
 #ifdef TIGHTFIT_TEST_EIGEN
-static_assert(Backend<eigen_backend<float>>);
-static_assert(Backend<eigen_backend<double>>);
+static_assert(every_part<eigen_backend<float>> && every_part<eigen_backend<double>>);
 static_assert(ParameterSet<parameter_set<eigen_backend<double>>>);
 #endif
 
@@ -114,8 +143,21 @@ struct with_attention_backward : no_attention_backward {
   }
 };
 
+// The forwarding type with attention_backward but without the optimizer kernels: enough to
+// compute gradients (TransformerBackend), not to run an optimizer.
+struct gradients_only : no_attention_backward {
+  template <class... A>
+  void attention_backward(A&&... a) {
+    impl.attention_backward(a...);
+  }
+  void adam_update() = delete;
+  void sgd_update() = delete;
+};
+
 }  // namespace
 
+static_assert(TransformerBackend<gradients_only> && !OptimizerBackend<gradients_only>);
+static_assert(!Backend<gradients_only>);
 static_assert(!Backend<missing_dv_backend>);
 static_assert(!Backend<int_backend>);
 static_assert(!Backend<no_attention_backward>);
@@ -130,4 +172,23 @@ TEST_CASE("the minimal user backend routes gemm through its own function") {
   CHECK(be.gemm_calls_to_my_blas == 1);
   CHECK(c[1] == 1 * 3 + 2 * 4);  // (A A^T)(0, 1)
   CHECK(be.stats().gemm_calls == 1);
+}
+
+TEST_CASE("a backend without optimizer kernels computes gradients") {
+  gradients_only be;
+  model_config cfg;
+  cfg.vocab_size = 11;
+  cfg.hidden_size = 8;
+  cfg.intermediate_size = 12;
+  cfg.num_hidden_layers = 1;
+  cfg.num_attention_heads = 2;
+  cfg.num_key_value_heads = 1;
+  cfg.head_dim = 4;
+  decoder_model<gradients_only> model(be, cfg);
+  model.init_random(1);
+  std::vector<token_id> ids{1, 2, 3, 4}, targets{2, 3, 4, ignore_index};
+  sft_loss loss;
+  const auto r = compute_gradients(model, token_batch{1, 4, ids, targets, {}}, loss, {});
+  CHECK(r.loss > 0);
+  CHECK(be.impl.stats().attention_backward_calls > 0);
 }

@@ -18,7 +18,7 @@
 
 #include "io_testing.hpp"
 #include "support/testing.hpp"
-#include "tightfit/io/hf.hpp"
+#include "tightfit/nn/hf_model.hpp"
 
 using namespace tightfit;
 using nlohmann::json;

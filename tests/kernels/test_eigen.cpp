@@ -15,6 +15,7 @@
 #include "test_eigen_common.hpp"
 
 #if defined(TIGHTFIT_HAS_TBB) && TIGHTFIT_HAS_TBB
+#include <tbb/info.h>
 #include <tbb/task_arena.h>
 #endif
 
@@ -22,18 +23,6 @@ using namespace tightfit;
 using namespace tightfit::testing;
 
 namespace {
-
-/// Runs f() with at most `threads` workers (serially without TBB).
-template <class F>
-void with_threads(int threads, F&& f) {
-#if defined(TIGHTFIT_HAS_TBB) && TIGHTFIT_HAS_TBB
-  tbb::task_arena arena(threads);
-  arena.execute(f);
-#else
-  (void)threads;
-  f();
-#endif
-}
 
 struct gemm_case {
   index_t m, n, k;
@@ -222,14 +211,14 @@ TEST_CASE_TEMPLATE("eigen rmsnorm and embedding weight gradients do not depend o
   std::vector<token_id> ids(static_cast<std::size_t>(n));
   for (index_t i = 0; i < n; ++i) ids[static_cast<std::size_t>(i)] = (i * 5) % vocab;
   auto run = [&](int threads) {
-    eigen_backend<T> eig;
+    eigen_backend_options opt;
+    opt.threads = threads;  // the backend's own arena
+    eigen_backend<T> eig(opt);
     padded<T> y(n, d), dx(n, d), dtable(vocab, d);
     std::vector<T> dw(static_cast<std::size_t>(d));
-    with_threads(threads, [&] {
-      eig.rmsnorm_forward(x.cview(), w, T(1e-6), y.view(), rstd);
-      eig.rmsnorm_backward(x.cview(), w, rstd, dy.cview(), dx.view(), dw);
-      eig.embedding_backward(dy.cview(), ids, dtable.view());
-    });
+    eig.rmsnorm_forward(x.cview(), w, T(1e-6), y.view(), rstd);
+    eig.rmsnorm_backward(x.cview(), w, rstd, dy.cview(), dx.view(), dw);
+    eig.embedding_backward(dy.cview(), ids, dtable.view());
     std::vector<T> all = dw;
     const auto dt = dtable.values();
     all.insert(all.end(), dt.begin(), dt.end());
@@ -407,3 +396,22 @@ TEST_CASE("eigen kernels reject bad input with messages naming the shapes") {
 }
 
 #endif  // __has_include(<Eigen/Core>)
+
+TEST_CASE("eigen_backend runs its kernels in its own arena of options.threads workers") {
+  CHECK_THROWS_WITH_AS(eigen_backend<float>(eigen_backend_options{.threads = -1}),
+                       doctest::Contains("threads is -1"), error);
+  eigen_backend<float> all;
+  CHECK(all.threads() >= 1);
+#if defined(TIGHTFIT_HAS_TBB) && TIGHTFIT_HAS_TBB
+  for (int n : {1, 2, 3}) {
+    eigen_backend<float> be(eigen_backend_options{.threads = n});
+    CHECK(be.threads() == n);
+    // a kernel sees the backend's arena, whatever arena the caller runs in
+    tbb::task_arena outer(1);
+    int seen = 0;
+    outer.execute([&] { seen = be.threads(); });
+    CHECK(seen == n);
+  }
+  CHECK(all.threads() == tbb::info::default_concurrency());
+#endif
+}

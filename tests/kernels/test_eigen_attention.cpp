@@ -244,18 +244,6 @@ TEST_CASE_TEMPLATE("eigen attention computes only tiles on or below the diagonal
   }
 }
 
-/// Runs f() with at most `threads` workers (serially without TBB).
-template <class F>
-void with_workers(int threads, F&& f) {
-#if defined(TIGHTFIT_HAS_TBB) && TIGHTFIT_HAS_TBB
-  tbb::task_arena arena(threads);
-  arena.execute(f);
-#else
-  (void)threads;
-  f();
-#endif
-}
-
 TEST_CASE_TEMPLATE("eigen attention scratch memory: no score matrix, tiles only", T, float,
                    double) {
   for (const auto strategy :
@@ -266,11 +254,13 @@ TEST_CASE_TEMPLATE("eigen attention scratch memory: no score matrix, tiles only"
       const attention_case c{2, 1, 16, lengths[i], lengths[i], 0, lengths[i]};
       eigen_backend_options opt;
       opt.attention_backward = strategy;
-      eigen_backend<T> eig(opt);
+      opt.threads = 1;  // a backend with one worker
+      eigen_backend<T> one(opt);
       attention_data<T> d(c, 9);
-      with_workers(1, [&] { run_forward(eig, d, c); });
-      forward_one[i] = eig.memory().peak();
-      eig.memory().reset_peak();
+      run_forward(one, d, c);
+      forward_one[i] = one.memory().peak();
+      opt.threads = 0;  // and one with a worker per core
+      eigen_backend<T> eig(opt);
       run_forward(eig, d, c);
       forward_all[i] = eig.memory().peak();
       eig.memory().reset_peak();
@@ -281,7 +271,8 @@ TEST_CASE_TEMPLATE("eigen attention scratch memory: no score matrix, tiles only"
     CHECK(forward_one[0] > 0);                // scratch goes through allocate
     CHECK(forward_one[1] == forward_one[0]);  // one worker: one tile's scratch, whatever T
     for (int i = 0; i < 2; ++i) {             // one tile's scratch per worker
-      CHECK(forward_all[i] <= static_cast<std::size_t>(concurrency()) * forward_one[0]);
+      CHECK(forward_all[i] <=
+            static_cast<std::size_t>(eigen_backend<T>().threads()) * forward_one[0]);
     }
     const auto score_matrix = static_cast<std::size_t>(1024 * 1024) * sizeof(T);  // one head
     CHECK(backward_all[1] < score_matrix / 4);
@@ -290,7 +281,7 @@ TEST_CASE_TEMPLATE("eigen attention scratch memory: no score matrix, tiles only"
 
 #if defined(TIGHTFIT_HAS_TBB) && TIGHTFIT_HAS_TBB
 TEST_CASE("eigen attention backward with per-thread dQ partials in a 2-slot arena") {
-  // An arena of 2 slots takes the partial-sum path even on one core.
+  // A backend whose arena has 2 slots takes the partial-sum path even on one core.
   const attention_case c{8, 2, 8, 64, 64, 0, 60};
   reference_backend<double> ref;
   attention_data<double> want(c, 31);
@@ -299,13 +290,12 @@ TEST_CASE("eigen attention backward with per-thread dQ partials in a 2-slot aren
   eigen_backend_options opt;
   opt.attention_tile_q = 8;
   opt.attention_tile_k = 8;
+  opt.threads = 2;
   eigen_backend<double> eig(opt);
+  CHECK(eig.threads() == 2);
   attention_data<double> got(c, 31);
-  tbb::task_arena arena(2);
-  arena.execute([&] {
-    run_forward(eig, got, c);
-    run_backward(eig, got, c);
-  });
+  run_forward(eig, got, c);
+  run_backward(eig, got, c);
   check_matches(got.o, want.o, "O");
   check_matches(got.grad_q, want.grad_q, "dQ", 4);
   check_matches(got.grad_k, want.grad_k, "dK, dV", 4);
@@ -319,16 +309,13 @@ TEST_CASE("eigen attention backward falls back to two_pass when the dQ partials 
     opt.attention_tile_k = 8;
     opt.attention_backward = strategy;
     opt.attention_partials_max_bytes = max_bytes;
+    opt.threads = 2;
     eigen_backend<double> eig(opt);
     attention_data<double> d(c, 41);
-    tbb::task_arena arena(2);
-    arena.execute([&] {
-      run_forward(eig, d, c);
-      const double forward = eig.stats().attention_flops;
-      run_backward(eig, d, c);
-      eig.stats().attention_flops -= forward;
-    });
-    return eig.stats().attention_flops;
+    run_forward(eig, d, c);
+    const double forward = eig.stats().attention_flops;
+    run_backward(eig, d, c);
+    return eig.stats().attention_flops - forward;
   };
   const double partials = backward_flops(attention_backward_strategy::thread_partials, 1u << 30);
   const double two_pass = backward_flops(attention_backward_strategy::two_pass, 1u << 30);

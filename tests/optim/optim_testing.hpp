@@ -1,10 +1,13 @@
 // Helpers for the optimizer tests: tiny models with identical weights, weight snapshots.
 #pragma once
 
+#include <filesystem>
 #include <vector>
 
 #include "stream_testing.hpp"
 #include "support/testing.hpp"
+#include "tightfit/io/safetensors.hpp"
+#include "tightfit/optim/checkpoint.hpp"
 #include "tightfit/optim/optim.hpp"
 
 namespace tightfit::optim_testing {
@@ -29,6 +32,18 @@ inline double max_diff(const std::vector<std::vector<double>>& a,
   for (std::size_t i = 0; i < a.size(); ++i)
     worst = std::max(worst, tightfit::testing::max_rel_diff(a[i], b[i], 1e-12));
   return worst;
+}
+
+/// save_checkpoint / load_checkpoint through a safetensors file at `path`.
+template <class M, class Opt>
+void save_state_file(const std::filesystem::path& path, M& model, const Opt& opt) {
+  safetensors_writer w;
+  save_checkpoint(w, model, opt);
+  w.write(path);
+}
+template <class M, class Opt>
+void load_state_file(const std::filesystem::path& path, M& model, Opt& opt) {
+  load_checkpoint(safetensors_file::open(path), model, opt);
 }
 
 inline model_config config(index_t layers = 3) {

@@ -21,7 +21,7 @@ namespace {
 
 backward_options stream_opts() {
   backward_options o;
-  o.sched = schedule::stream;
+  o.sched = backward_schedule::stream;
   o.chunk = 4;
   return o;
 }

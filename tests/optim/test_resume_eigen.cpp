@@ -21,7 +21,7 @@
 
 #include "optim_testing.hpp"
 #include "tightfit/backend/eigen.hpp"
-#include "tightfit/io/hf.hpp"
+#include "tightfit/nn/hf_model.hpp"
 #include "tightfit/optim/checkpoint.hpp"
 
 using namespace tightfit;
@@ -149,7 +149,7 @@ void check_resume(Make make, int first, int second, const mutation_list& mutatio
   a.init_random(7, 0.3, 0.2);
   auto opt_a = make(a);
   for (int s = 0; s < first; ++s) opt_a.step(batches[s].view(), loss, stream_opts());
-  save_checkpoint(saved, a, opt_a);
+  optim_testing::save_state_file(saved, a, opt_a);
   for (int s = first; s < first + second; ++s) opt_a.step(batches[s].view(), loss, stream_opts());
   const std::string expected = weight_bytes(a.parameters());
 
@@ -162,12 +162,12 @@ void check_resume(Make make, int first, int second, const mutation_list& mutatio
     if (weights_only)
       load_hf_weights(path, m.parameters(), hf_load_options{true});
     else
-      load_checkpoint(path, m, opt);
+      optim_testing::load_state_file(path, m, opt);
     for (int s = first; s < first + second; ++s) opt.step(batches[s].view(), loss, stream_opts());
     std::string state;
     if (!weights_only) {
       const auto out = temp_file("b.safetensors");
-      save_checkpoint(out, m, opt);
+      optim_testing::save_state_file(out, m, opt);
       state = file_bytes(out);
       fs::remove(out);
     }
@@ -178,7 +178,7 @@ void check_resume(Make make, int first, int second, const mutation_list& mutatio
   REQUIRE(got.size() == expected.size());
   CHECK(std::memcmp(got.data(), expected.data(), got.size()) == 0);
   const auto state_path = temp_file("a.safetensors");
-  save_checkpoint(state_path, a, opt_a);
+  optim_testing::save_state_file(state_path, a, opt_a);
   CHECK(file_bytes(state_path) == state_b);  // moments, counters, generator, adapters too
   fs::remove(state_path);
 

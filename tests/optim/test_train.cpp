@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "optim_testing.hpp"
+#include "tightfit/io/token_file.hpp"
+#include "tightfit/optim/callbacks.hpp"
 #include "tightfit/optim/checkpoint.hpp"
 #include "tightfit/optim/train.hpp"
 
@@ -44,14 +46,14 @@ void check_resume(Make make, int first, int second) {
   auto opt_a = make(a);
   sft_loss loss;
   for (int s = 0; s < first; ++s) opt_a.step(batches[s].view(), loss, stream_opts());
-  save_checkpoint(path, a, opt_a);
+  optim_testing::save_state_file(path, a, opt_a);
   for (int s = first; s < first + second; ++s) opt_a.step(batches[s].view(), loss, stream_opts());
 
   ref be_b;
   decoder_model<ref> b(be_b, cfg);
   b.init_random(99, 0.3, 0.2);  // other weights: the checkpoint must restore them
   auto opt_b = make(b);
-  load_checkpoint(path, b, opt_b);
+  optim_testing::load_state_file(path, b, opt_b);
   CHECK(opt_b.steps() == first);
   for (int s = first; s < first + second; ++s) opt_b.step(batches[s].view(), loss, stream_opts());
   CHECK(opt_b.active_block() == opt_a.active_block());
@@ -62,8 +64,8 @@ void check_resume(Make make, int first, int second) {
   CHECK(identical);
   // and the saved states match too
   const auto pa = temp_file("a.safetensors"), pb = temp_file("b.safetensors");
-  save_checkpoint(pa, a, opt_a);
-  save_checkpoint(pb, b, opt_b);
+  optim_testing::save_state_file(pa, a, opt_a);
+  optim_testing::save_state_file(pb, b, opt_b);
   std::ifstream fa(pa, std::ios::binary), fb(pb, std::ios::binary);
   const std::string sa((std::istreambuf_iterator<char>(fa)), {}),
       sb((std::istreambuf_iterator<char>(fb)), {});
@@ -115,13 +117,13 @@ TEST_CASE("load refuses a state saved by another optimizer") {
   decoder_model<ref> m(be, cfg);
   block_optimizer<ref> badam(m, block_partition::by_layer(m.parameters()));
   const auto path = temp_file("other.safetensors");
-  save_checkpoint(path, m, badam);
+  optim_testing::save_state_file(path, m, badam);
   block_optimizer<ref, sgd_update_rule> sgd(m, block_partition::by_layer(m.parameters()));
-  CHECK_THROWS_WITH_AS(load_checkpoint(path, m, sgd),
+  CHECK_THROWS_WITH_AS(optim_testing::load_state_file(path, m, sgd),
                        doctest::Contains("saved update rule is 'adam', this optimizer uses 'sgd'"),
                        error);
   block_optimizer<ref> more(m, block_partition::by_layer(m.parameters(), true));
-  CHECK_THROWS_WITH_AS(load_checkpoint(path, m, more),
+  CHECK_THROWS_WITH_AS(optim_testing::load_state_file(path, m, more),
                        doctest::Contains("the saved partition has other blocks"), error);
   std::filesystem::remove(path);
 }
@@ -172,8 +174,10 @@ TEST_CASE("training loop: data set file, log lines, schedule, falling loss, chec
     }
   const token_dataset data(2, 10, ids, labels);
   const auto file = temp_file("data.safetensors");
-  data.save(file);
-  const auto loaded = token_dataset::load(file);
+  write_token_table(file, data.rows(), data.seq_len(), data.input_ids(), data.labels());
+  auto table = read_token_table(file);
+  const token_dataset loaded(table.rows, table.seq_len, std::move(table.input_ids),
+                             std::move(table.labels));
   CHECK(loaded.input_ids() == ids);
   CHECK(loaded.labels() == labels);
   const auto b = make_batch(loaded, 1, 2);  // rows 1, 0
@@ -190,18 +194,25 @@ TEST_CASE("training loop: data set file, log lines, schedule, falling loss, chec
   train_options o;
   o.steps = 12;
   o.batch = 2;
-  o.progress = false;
-  o.log = temp_file("log.jsonl");
-  o.save_state = temp_file("state.safetensors");
+  const auto log_path = temp_file("log.jsonl"), state_path = temp_file("state.safetensors");
   std::vector<double> factors;
-  o.on_step = [&](std::int64_t, const step_result&) { factors.push_back(opt.lr_factor()); };
-  const auto sum = train(m, loaded, opt, cosine_schedule{3, 12}, o);
+  struct counter {  // a callback with only on_begin and on_end
+    int begun = 0, ended = 0;
+    void on_begin(const train_begin& b) { begun += b.steps == 12; }
+    void on_end(const train_summary& s) { ended += s.losses.size() == 12; }
+  } events;
+  const auto sum =
+      train(m, loaded, opt, cosine_schedule{3, 12}, o, sft_loss{}, json_log(log_path), events,
+            [&](std::int64_t, const step_result&) { factors.push_back(opt.lr_factor()); });
+  optim_testing::save_state_file(state_path, m, opt);
+  CHECK(events.begun == 1);
+  CHECK(events.ended == 1);
   REQUIRE(sum.losses.size() == 12);
   CHECK(sum.losses.back() < 0.8 * sum.losses.front());
   CHECK(factors[0] == doctest::Approx(1.0 / 3));
   CHECK(factors[11] == doctest::Approx(0.0));
   CHECK(sum.peak_bytes > 0);
-  std::ifstream log(o.log);
+  std::ifstream log(log_path);
   std::string line;
   int lines = 0;
   while (std::getline(log, line)) {
@@ -209,14 +220,39 @@ TEST_CASE("training loop: data set file, log lines, schedule, falling loss, chec
     CHECK(line.find("\"loss\":") != std::string::npos);
   }
   CHECK(lines == 12);
-  const auto st = safetensors_file::open(o.save_state);
+  const auto st = safetensors_file::open(state_path);
   CHECK(st.contains("optim.counters"));
   CHECK(st.read_ints("optim.counters")[3] == 12);
 
   token_dataset bad(1, 4, {0, 1, 2, 99});
-  CHECK_THROWS_WITH_AS(train(m, bad, opt, constant_schedule{}, o),
+  CHECK_THROWS_WITH_AS(train(m, bad, opt, constant_schedule{}, o, sft_loss{}),
                        doctest::Contains("input_ids[0][3] is 99"), error);
   CHECK_THROWS_WITH_AS(token_dataset(1, 4, {0, 1, 2}), doctest::Contains("input_ids.size is 3"),
                        error);
-  for (const auto& p : {file, o.log, o.save_state}) std::filesystem::remove(p);
+  for (const auto& p : {file, log_path, state_path}) std::filesystem::remove(p);
+}
+
+TEST_CASE("training loop: an objective factory builds each step's objective from its batch") {
+  const auto cfg = optim_testing::config(2);
+  std::vector<token_id> ids;
+  for (index_t t = 0; t < 3 * 6; ++t) ids.push_back((5 * t + 1) % cfg.vocab_size);
+  const token_dataset data(3, 6, ids);
+  auto run = [&](auto&& objective) {
+    ref be;
+    decoder_model<ref> m(be, cfg);
+    m.init_random(5, 0.1);
+    auto opt = make_full_optimizer(m, adam_update_rule{});
+    train_options o;
+    o.steps = 3;
+    return train(m, data, opt, constant_schedule{}, o, objective).losses;
+  };
+  std::vector<index_t> seen;
+  const auto from_factory = run([&](const dataset_batch& b) {
+    seen.push_back(b.ids.front());
+    return sft_loss(sft_loss::reduction::sum);
+  });
+  const auto direct = run(sft_loss(sft_loss::reduction::sum));
+  CHECK(seen == std::vector<index_t>{ids[0], ids[6], ids[12]});  // rows 0, 1, 2
+  CHECK(from_factory == direct);
+  CHECK(direct != run(sft_loss{}));  // sum and mean differ: the objective given is the one used
 }

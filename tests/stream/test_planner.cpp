@@ -16,7 +16,8 @@ TEST_CASE("predicted peak activation bytes equal the measured ones") {
     auto cfg = tiny_config(4, 2, qk, !qk, 3);
     cfg.qkv_bias = !qk;  // Qwen2-like: the bias GEMMs' ones columns are counted too
     const random_batch batch(2, 23, cfg.vocab_size, {23, 17}, 3);
-    for (schedule s : {schedule::full, schedule::checkpoint, schedule::stream}) {
+    for (backward_schedule s :
+         {backward_schedule::full, backward_schedule::checkpoint, backward_schedule::stream}) {
       const std::string name = to_string(s);
       CAPTURE(name);
       backward_options o;
@@ -27,7 +28,7 @@ TEST_CASE("predicted peak activation bytes equal the measured ones") {
       model.init_random(2);
       sft_loss loss;
       const auto measured = compute_gradients(model, batch.view(), loss, o).peak_activation_bytes;
-      const auto predicted = predict_peak_activation_bytes<float>(cfg, 2, 23, o);
+      const auto predicted = predict_peak_activation_bytes<float>(cfg, 2, 23, o, sft_loss{});
       CHECK(measured > 0);
       // the reference backend allocates nothing of its own: the dry run is exact
       CHECK(predicted == measured);
@@ -40,41 +41,41 @@ TEST_CASE("stream needs less memory per token than checkpoint, full the most") {
   cfg.vocab_size = 512;
   backward_options o;
   o.chunk = 16;
-  auto peak = [&](schedule s, index_t t) {
+  auto peak = [&](backward_schedule s, index_t t) {
     o.sched = s;
-    return predict_peak_activation_bytes<float>(cfg, 1, t, o);
+    return predict_peak_activation_bytes<float>(cfg, 1, t, o, sft_loss{});
   };
   const index_t t = 1024;
-  CHECK(peak(schedule::full, t) > peak(schedule::checkpoint, t));
-  CHECK(peak(schedule::checkpoint, t) > 3 * peak(schedule::stream, t));
+  CHECK(peak(backward_schedule::full, t) > peak(backward_schedule::checkpoint, t));
+  CHECK(peak(backward_schedule::checkpoint, t) > 3 * peak(backward_schedule::stream, t));
   // stream grows by about its per-token state: doubling T less than doubles the peak
-  CHECK(peak(schedule::stream, 2 * t) < 2 * peak(schedule::stream, t));
+  CHECK(peak(backward_schedule::stream, 2 * t) < 2 * peak(backward_schedule::stream, t));
 }
 
 TEST_CASE("plan_memory finds the largest chunk and sequence lengths within a budget") {
   auto cfg = tiny_config(4, 2, true, false, 2);
   cfg.vocab_size = 256;
   const std::size_t budget = std::size_t{4} << 20;
-  const auto plan = plan_memory<float>(cfg, 1, 512, budget, 0, 1 << 16);
+  const auto plan = plan_memory<float>(cfg, 1, 512, budget, sft_loss{}, 0, 1 << 16);
   CHECK(plan.chunk >= 1);
   CHECK(plan.chunk_peak_bytes <= budget);
   backward_options o;
-  auto peak = [&](schedule s, index_t t, index_t chunk) {
+  auto peak = [&](backward_schedule s, index_t t, index_t chunk) {
     o.sched = s;
     o.chunk = chunk;
-    return predict_peak_activation_bytes<float>(cfg, 1, t, o);
+    return predict_peak_activation_bytes<float>(cfg, 1, t, o, sft_loss{});
   };
-  if (plan.chunk < 512) CHECK(peak(schedule::stream, 512, 2 * plan.chunk) > budget);
+  if (plan.chunk < 512) CHECK(peak(backward_schedule::stream, 512, 2 * plan.chunk) > budget);
   // each largest T fits and T + 1 does not
   CHECK(plan.max_seq_checkpoint >= 1);
-  CHECK(peak(schedule::checkpoint, plan.max_seq_checkpoint, 1) <= budget);
-  CHECK(peak(schedule::checkpoint, plan.max_seq_checkpoint + 1, 1) > budget);
-  CHECK(peak(schedule::full, plan.max_seq_full + 1, 1) > budget);
-  CHECK(peak(schedule::stream, plan.max_seq_stream, plan.stream_chunk) <= budget);
-  CHECK(peak(schedule::stream, plan.max_seq_stream + 1, plan.stream_chunk) > budget);
+  CHECK(peak(backward_schedule::checkpoint, plan.max_seq_checkpoint, 1) <= budget);
+  CHECK(peak(backward_schedule::checkpoint, plan.max_seq_checkpoint + 1, 1) > budget);
+  CHECK(peak(backward_schedule::full, plan.max_seq_full + 1, 1) > budget);
+  CHECK(peak(backward_schedule::stream, plan.max_seq_stream, plan.stream_chunk) <= budget);
+  CHECK(peak(backward_schedule::stream, plan.max_seq_stream + 1, plan.stream_chunk) > budget);
   CHECK(plan.max_seq_stream > plan.max_seq_checkpoint);
   CHECK(plan.max_seq_checkpoint > plan.max_seq_full);
-  CHECK_THROWS_AS(plan_memory<float>(cfg, 0, 16, budget), error);
+  CHECK_THROWS_AS(plan_memory<float>(cfg, 0, 16, budget, sft_loss{}), error);
 }
 
 TEST_CASE("every preset is a valid configuration the planner accepts") {
@@ -85,9 +86,9 @@ TEST_CASE("every preset is a valid configuration the planner accepts") {
     CHECK(c.qk_norm == (c.architecture == "Qwen3ForCausalLM"));
     CHECK(c.qkv_bias == (c.architecture == "Qwen2ForCausalLM"));
     backward_options o;
-    o.sched = schedule::stream;
+    o.sched = backward_schedule::stream;
     o.chunk = 64;
-    CHECK(predict_peak_activation_bytes<float>(c, 1, 256, o) > 0);
+    CHECK(predict_peak_activation_bytes<float>(c, 1, 256, o, sft_loss{}) > 0);
   }
   CHECK_THROWS_AS(preset_config("gpt2"), error);
 }

@@ -47,7 +47,7 @@ double max_grad_rel_diff(const run_output& a, const run_output& b) {
   return worst;
 }
 
-backward_options with(schedule s, index_t chunk) {
+backward_options with(backward_schedule s, index_t chunk) {
   backward_options o;
   o.sched = s;
   o.chunk = chunk;
@@ -88,9 +88,9 @@ TEST_CASE("stream, checkpoint and full give the same loss and gradients (double)
     cfg.qkv_bias = v.qkv_bias;
     cfg.o_bias = v.o_bias;
     const random_batch batch(v.batch, v.seq_len, cfg.vocab_size, v.lengths, 11 + v.chunk);
-    const auto full = run(cfg, batch, with(schedule::full, v.chunk));
-    const auto ckpt = run(cfg, batch, with(schedule::checkpoint, v.chunk));
-    const auto stream = run(cfg, batch, with(schedule::stream, v.chunk));
+    const auto full = run(cfg, batch, with(backward_schedule::full, v.chunk));
+    const auto ckpt = run(cfg, batch, with(backward_schedule::checkpoint, v.chunk));
+    const auto stream = run(cfg, batch, with(backward_schedule::stream, v.chunk));
     CHECK(std::isfinite(full.loss));
     CHECK(full.loss > 0);
     CHECK(std::abs(stream.loss - full.loss) <= 1e-12 * std::abs(full.loss));
@@ -98,10 +98,10 @@ TEST_CASE("stream, checkpoint and full give the same loss and gradients (double)
     CHECK(max_grad_rel_diff(stream, full) < 1e-10);
     CHECK(max_grad_rel_diff(ckpt, full) < 1e-10);
     // the streaming head alone and the materialised head under stream agree too
-    auto o = with(schedule::stream, v.chunk);
+    auto o = with(backward_schedule::stream, v.chunk);
     o.head = head_mode::materialized;
     CHECK(max_grad_rel_diff(run(cfg, batch, o), full) < 1e-10);
-    o = with(schedule::checkpoint, v.chunk);
+    o = with(backward_schedule::checkpoint, v.chunk);
     o.head = head_mode::streaming;
     o.head_chunk_rows = 3;
     CHECK(max_grad_rel_diff(run(cfg, batch, o), full) < 1e-10);
@@ -125,9 +125,9 @@ TEST_CASE("finite differences of the loss match the stream gradients") {
     decoder_model<ref> model(be, cfg);
     model.init_random(3, 0.3, 0.2);
     sft_loss loss;
-    compute_gradients(model, batch.view(), loss, with(schedule::stream, 4));
+    compute_gradients(model, batch.view(), loss, with(backward_schedule::stream, 4));
     auto& params = model.parameters();
-    backward_options loss_only = with(schedule::stream, 4);
+    backward_options loss_only = with(backward_schedule::stream, 4);
     loss_only.embedding_grad = false;
     loss_only.head_grad = false;
     loss_only.layer_weight_grads.assign(static_cast<std::size_t>(cfg.num_hidden_layers), false);
@@ -161,12 +161,12 @@ TEST_CASE("finite differences of the loss match the stream gradients") {
 TEST_CASE("float stream matches double full within 1e-4") {
   const auto cfg = tiny_config(4, 2, true, false);
   const random_batch batch(2, 12, cfg.vocab_size, {12, 8}, 9);
-  const auto full = run(cfg, batch, with(schedule::full, 4));
+  const auto full = run(cfg, batch, with(backward_schedule::full, 4));
   reference_backend<float> fbe;
   decoder_model<reference_backend<float>> model(fbe, cfg);
   model.init_random(7, 0.3, 0.2);  // the same seed: the same values, rounded to float
   sft_loss loss;
-  const auto r = compute_gradients(model, batch.view(), loss, with(schedule::stream, 5));
+  const auto r = compute_gradients(model, batch.view(), loss, with(backward_schedule::stream, 5));
   CHECK(std::abs(r.loss - full.loss) <= 1e-4 * std::abs(full.loss));
   auto& params = model.parameters();
   for (std::size_t i = 0; i < params.size(); ++i) {
@@ -186,7 +186,7 @@ TEST_CASE("frozen layers get no gradient and run no weight-gradient GEMM") {
     decoder_model<ref> model(be, cfg);
     model.init_random(7, 0.3, 0.2);
     sft_loss loss;
-    auto o = with(schedule::stream, chunk);
+    auto o = with(backward_schedule::stream, chunk);
     o.layer_weight_grads = trainable;
     o.embedding_grad = embedding;
     std::vector<index_t> ready;
@@ -253,7 +253,7 @@ TEST_CASE("bad input gets a clear error") {
     return "no error";
   };
   random_batch good(1, 4, cfg.vocab_size, {}, 1);
-  auto o = with(schedule::stream, 2);
+  auto o = with(backward_schedule::stream, 2);
   auto bad_id = good;
   bad_id.ids[2] = cfg.vocab_size;
   CHECK(message(bad_id.view(), o).find("input_ids[0][2] is 37") != std::string::npos);
@@ -268,28 +268,29 @@ TEST_CASE("bad input gets a clear error") {
   empty.ids.clear();
   empty.targets.clear();
   CHECK(message(empty.view(), o).find("sequence length T is 0") != std::string::npos);
-  auto zero_chunk = with(schedule::stream, 0);
+  auto zero_chunk = with(backward_schedule::stream, 0);
   CHECK(message(good.view(), zero_chunk).find("chunk is 0") != std::string::npos);
   auto short_ids = good;
   short_ids.ids.pop_back();
   CHECK(message(short_ids.view(), o).find("input_ids.size is 3, expected 4") != std::string::npos);
   random_batch padded(2, 4, cfg.vocab_size, {4, 5}, 1);
   CHECK(message(padded.view(), o).find("lengths[1] is 5") != std::string::npos);
-  auto bad_mask = with(schedule::stream, 2);
+  auto bad_mask = with(backward_schedule::stream, 2);
   bad_mask.layer_weight_grads = {true};
   CHECK(message(good.view(), bad_mask).find("expected 2") != std::string::npos);
-  CHECK_THROWS_WITH_AS(parse_schedule("fast"), doctest::Contains("unknown schedule 'fast'"), error);
+  CHECK_THROWS_WITH_AS(parse_backward_schedule("fast"),
+                       doctest::Contains("unknown schedule 'fast'"), error);
 }
 
 TEST_CASE("lazy layer gradients: one layer's gradients at a time, same values") {
   const auto cfg = tiny_config(4, 2, true, false, 3);
   const random_batch batch(2, 9, cfg.vocab_size, {9, 6}, 8);
-  const auto eager = run(cfg, batch, with(schedule::stream, 4));
+  const auto eager = run(cfg, batch, with(backward_schedule::stream, 4));
   ref be;
   decoder_model<ref> model(be, cfg);
   model.init_random(7, 0.3, 0.2);
   sft_loss loss;
-  auto o = with(schedule::stream, 4);
+  auto o = with(backward_schedule::stream, 4);
   o.lazy_layer_grads = true;
   auto& params = model.parameters();
   std::vector<std::vector<double>> captured(params.size());

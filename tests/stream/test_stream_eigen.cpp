@@ -18,8 +18,8 @@ namespace {
 
 template <class B>
 std::pair<double, std::vector<std::vector<double>>> gradients(B& be, const model_config& cfg,
-                                                              const random_batch& batch, schedule s,
-                                                              index_t chunk) {
+                                                              const random_batch& batch,
+                                                              backward_schedule s, index_t chunk) {
   decoder_model<B> model(be, cfg);
   model.init_random(7, 0.3, 0.2);
   sft_loss loss;
@@ -40,10 +40,11 @@ TEST_CASE("eigen backend: stream, checkpoint and full equal the reference backen
   cfg.hidden_size = 40;
   const random_batch batch(2, 150, cfg.vocab_size, {150, 97}, 5);
   reference_backend<double> rb;
-  const auto expected = gradients(rb, cfg, batch, schedule::full, 150);
-  for (schedule s : {schedule::full, schedule::checkpoint, schedule::stream}) {
+  const auto expected = gradients(rb, cfg, batch, backward_schedule::full, 150);
+  for (backward_schedule s :
+       {backward_schedule::full, backward_schedule::checkpoint, backward_schedule::stream}) {
     for (index_t chunk : {index_t{37}, index_t{64}}) {
-      if (s != schedule::stream && chunk != 37) continue;
+      if (s != backward_schedule::stream && chunk != 37) continue;
       const std::string name = to_string(s);
       CAPTURE(name);
       CAPTURE(chunk);
@@ -55,7 +56,7 @@ TEST_CASE("eigen backend: stream, checkpoint and full equal the reference backen
     }
   }
   eigen_backend<float> fb;
-  const auto f = gradients(fb, cfg, batch, schedule::stream, 37);
+  const auto f = gradients(fb, cfg, batch, backward_schedule::stream, 37);
   CHECK(std::abs(f.first - expected.first) <= 1e-4 * std::abs(expected.first));
   for (std::size_t i = 0; i < f.second.size(); ++i)
     CHECK(tightfit::testing::max_rel_diff(f.second[i], expected.second[i]) < 1e-4);
@@ -68,7 +69,8 @@ TEST_CASE("eigen backend: the planner's prediction is within 10% of the measured
   cfg.intermediate_size = 96;
   cfg.vocab_size = 4000;
   const random_batch batch(1, 400, cfg.vocab_size, {}, 6);
-  for (schedule s : {schedule::full, schedule::checkpoint, schedule::stream}) {
+  for (backward_schedule s :
+       {backward_schedule::full, backward_schedule::checkpoint, backward_schedule::stream}) {
     const std::string name = to_string(s);
     CAPTURE(name);
     eigen_backend<float> be;
@@ -80,7 +82,8 @@ TEST_CASE("eigen backend: the planner's prediction is within 10% of the measured
     o.chunk = 64;
     const double measured =
         double(compute_gradients(model, batch.view(), loss, o).peak_activation_bytes);
-    const double predicted = double(predict_peak_activation_bytes<float>(cfg, 1, 400, o));
+    const double predicted =
+        double(predict_peak_activation_bytes<float>(cfg, 1, 400, o, sft_loss{}));
     CHECK(predicted <= measured);
     CHECK(measured <= 1.10 * predicted);
   }

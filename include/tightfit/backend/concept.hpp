@@ -1,9 +1,17 @@
-// tightfit/backend/concept.hpp: the Backend concept, the seam between algorithms and kernels.
+// tightfit/backend/concept.hpp: the backend concepts, the seam between algorithms and kernels.
 //
 // A backend is a stateful object passed by reference: it owns storage (allocations counted by
-// its memory_counter), kernel statistics, thread pools or device handles. Its value_type is the
-// floating type of every tensor it computes on. The kernel set is small and explicit; every
-// kernel checks the shapes of its arguments and throws tightfit::error naming them.
+// its memory_counter), kernel statistics, thread pools or device handles. The concept comes in
+// parts, and each algorithm asks only for the part it uses:
+//   StorageBackend      allocate (a Buffer), upload / download, memory(), stats()
+//   DenseBackend        + gemm, gemm_batched, axpy, scale, fill, copy
+//   TransformerBackend  + embedding, RMSNorm, RoPE, SwiGLU, attention, cross-entropy
+//   OptimizerBackend    DenseBackend + adam_update, sgd_update
+//   Backend             TransformerBackend and OptimizerBackend (the whole set)
+// Tensors are stored as storage_t<B> (B::storage_type, defaulting to B::value_type); scalars and
+// accumulations are accum_t<B> (B::value_type, a floating type). The kernel set is small and
+// explicit; every kernel checks the shapes of its arguments and throws tightfit::error naming
+// them.
 //
 // Conventions shared by all kernels (see docs/concepts.md for the full contract):
 //  - Matrices are row-major matrix_view<T> with a row stride; vectors are std::span<T>.
@@ -21,6 +29,7 @@
 #include <concepts>
 #include <cstdint>
 #include <span>
+#include <utility>
 
 #include "tightfit/core/memory.hpp"
 #include "tightfit/core/types.hpp"
@@ -67,38 +76,79 @@ struct sgd_hyper {
   bool use_sign = false;  ///< update with sign(g) (signSGD) instead of g
 };
 
-// clang-format off
-/// A tensor backend: storage with counted memory plus the kernel set tightfit's algorithms use.
+/// The element type a backend stores tensors in: B::storage_type when it declares one (a bf16
+/// or half backend), else B::value_type.
 template <class B>
-concept Backend = requires(B& be, const B& cbe, index_t n,
-                           typename B::value_type a,
-                           matrix_view<typename B::value_type> m,
-                           matrix_view<const typename B::value_type> cm,
-                           tensor3_view<typename B::value_type> t3,
-                           tensor3_view<const typename B::value_type> ct3,
-                           std::span<typename B::value_type> s,
-                           std::span<const typename B::value_type> cs,
-                           std::span<const token_id> ids,
-                           attention_shape shape,
-                           double theta,
-                           const adam_hyper<typename B::value_type>& ah,
-                           const sgd_hyper<typename B::value_type>& sh) {
-  typename B::value_type;
-  requires std::floating_point<typename B::value_type>;
-  // storage and accounting
+struct backend_storage {
+  using type = typename B::value_type;
+};
+template <class B>
+requires requires {
+  typename B::storage_type;
+}
+struct backend_storage<B> {
+  using type = typename B::storage_type;
+};
+template <class B>
+using storage_t = typename backend_storage<B>::type;
+/// The type a backend accumulates and takes its scalars in (alpha, beta, eps, hyper-parameters):
+/// B::value_type. For the shipped backends storage_t<B> == accum_t<B>.
+template <class B>
+using accum_t = typename B::value_type;
+
+/// What the algorithms do with an allocation: default-construct it (empty), move it, see it as a
+/// span or a (rows, cols) matrix, free it early with reset(). Every buffer is counted by the
+/// memory_counter of the backend that allocated it.
+template <class Buf, class U>
+concept Buffer = std::default_initializable<Buf> && std::movable<Buf> &&
+    requires(Buf& b, const Buf& cb, index_t n) {
+  { cb.data() } -> std::same_as<U*>;
+  { cb.size() } -> std::same_as<index_t>;
+  { cb.empty() } -> std::convertible_to<bool>;
+  { cb.span() } -> std::same_as<std::span<U>>;
+  { cb.view(n, n) } -> std::same_as<matrix_view<U>>;
+  b.reset();
+};
+
+// clang-format off
+/// Storage: counted allocations of storage_t<B> and host transfers. Enough for parameter sets,
+/// optimizer state buffers and the memory planner's bookkeeping.
+template <class B>
+concept StorageBackend = requires { typename B::value_type; } &&
+    std::floating_point<accum_t<B>> &&
+    requires(B& be, index_t n, std::span<const storage_t<B>> cs, std::span<storage_t<B>> s) {
   { be.memory() } -> std::same_as<memory_counter&>;
   { be.stats() } -> std::same_as<kernel_stats&>;
-  { be.template allocate<typename B::value_type>(n).data() } -> std::same_as<typename B::value_type*>;
-  { be.template allocate<typename B::value_type>(n).size() } -> std::same_as<index_t>;
+  { be.template allocate<storage_t<B>>(n) } -> Buffer<storage_t<B>>;
   be.upload(cs, s);    // host -> backend memory
   be.download(cs, s);  // backend memory -> host
-  // dense linear algebra: C = alpha op(A) op(B) + beta C
-  be.gemm(transpose::no, transpose::no, a, cm, cm, a, m);
+};
+
+/// The buffer type a backend allocates for its storage type.
+template <StorageBackend B>
+using buffer_t = decltype(std::declval<B&>().template allocate<storage_t<B>>(0));
+
+/// Dense linear algebra over backend memory.
+template <class B>
+concept DenseBackend = StorageBackend<B> &&
+    requires(B& be, accum_t<B> a,
+             matrix_view<storage_t<B>> m, matrix_view<const storage_t<B>> cm,
+             tensor3_view<storage_t<B>> t3, tensor3_view<const storage_t<B>> ct3) {
+  be.gemm(transpose::no, transpose::no, a, cm, cm, a, m);  // C = alpha op(A) op(B) + beta C
   be.gemm_batched(transpose::no, transpose::no, a, ct3, ct3, a, t3);
   be.axpy(a, cm, m);   // y += alpha x
   be.scale(a, m);      // x *= alpha
   be.fill(m, a);       // x = value
   be.copy(cm, m);      // y = x
+};
+
+/// The kernels of a Llama / Qwen decoder and its LM head (what nn/ and stream/ call).
+template <class B>
+concept TransformerBackend = DenseBackend<B> &&
+    requires(B& be, index_t n, accum_t<B> a,
+             matrix_view<storage_t<B>> m, matrix_view<const storage_t<B>> cm,
+             std::span<storage_t<B>> s, std::span<const storage_t<B>> cs,
+             std::span<const token_id> ids, attention_shape shape, double theta) {
   // token embedding: out rows = table rows ids; backward accumulates rows into dtable
   be.embedding_forward(cm, ids, m);
   be.embedding_backward(cm, ids, m);
@@ -117,10 +167,21 @@ concept Backend = requires(B& be, const B& cbe, index_t n,
   // softmax cross-entropy over a logits chunk (rows, vocab) at temperature tau
   be.xent_forward(cm, ids, a, s, s);        // logits labels tau -> lse, label logprob
   be.xent_backward(m, ids, cs, cs, a);      // logits -> dlogits in place; lse, coeff, tau
-  // optimizer updates over flat spans
+};
+
+/// The optimizer updates over flat spans (what optim/ calls), plus the dense kernels that
+/// clipping and zeroing use.
+template <class B>
+concept OptimizerBackend = DenseBackend<B> &&
+    requires(B& be, std::span<storage_t<B>> s, std::span<const storage_t<B>> cs,
+             const adam_hyper<accum_t<B>>& ah, const sgd_hyper<accum_t<B>>& sh) {
   be.adam_update(s, cs, s, s, ah);          // param, grad, m, v
   be.sgd_update(s, cs, s, sh);              // param, grad, momentum buffer (empty if none)
 };
+
+/// A tensor backend with the whole kernel set: gradients and optimizer updates.
+template <class B>
+concept Backend = TransformerBackend<B> && OptimizerBackend<B>;
 // clang-format on
 
 }  // namespace tightfit

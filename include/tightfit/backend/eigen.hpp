@@ -16,8 +16,10 @@
 // backward kernels accumulate (+=) into gradient outputs and skip an empty dw; every public
 // kernel checks its shapes and indices with the reference backend's checks
 // (detail/reference_checks.hpp), so both backends reject the same input with the same message.
-// Threads: kernels parallelise internally (oneTBB); one backend object serves one caller at a
-// time (its kernel_stats are plain counters). Eigen appears only in this header and
+// Threads: kernels parallelise internally over the backend's own oneTBB arena of
+// eigen_backend_options::threads workers (0: one per core; detail/thread_arena.hpp), never TBB's
+// global pool; one backend object serves one caller at a time (its kernel_stats are plain
+// counters). Eigen appears only in this header and
 // backend/detail/eigen_*.hpp (never in a header that a CUDA source includes).
 #pragma once
 
@@ -36,6 +38,7 @@
 #include "tightfit/backend/detail/eigen_xent.hpp"
 #include "tightfit/backend/detail/host_storage.hpp"
 #include "tightfit/backend/detail/reference_checks.hpp"
+#include "tightfit/backend/detail/thread_arena.hpp"
 #include "tightfit/core/error.hpp"
 #include "tightfit/core/memory.hpp"
 #include "tightfit/core/types.hpp"
@@ -59,6 +62,9 @@ struct eigen_backend_options {
   double gemm_parallel_min_flops = 8e6;
   /// Smallest block of C rows (or columns) per task of a parallel GEMM.
   index_t gemm_min_block = 64;
+  /// Worker threads of this backend's own oneTBB arena (0: one per core). Every kernel runs in
+  /// it, not in TBB's global pool.
+  int threads = 0;
 };
 
 /// The CPU backend: Eigen products and vectorised array expressions, parallelised with oneTBB
@@ -69,7 +75,8 @@ class eigen_backend : public detail::host_storage<T> {
   using value_type = T;
 
   /// A backend with the given tuning; throws tightfit::error for non-positive tile sizes.
-  explicit eigen_backend(eigen_backend_options options = {}) : options_(options) {
+  explicit eigen_backend(eigen_backend_options options = {})
+      : options_(options), arena_(options.threads) {
     check(options_.attention_tile_q >= 1, "eigen_backend: attention_tile_q is ",
           options_.attention_tile_q, ", expected >= 1");
     check(options_.attention_tile_k >= 1, "eigen_backend: attention_tile_k is ",
@@ -79,6 +86,8 @@ class eigen_backend : public detail::host_storage<T> {
   }
   /// The tuning this backend runs with.
   const eigen_backend_options& options() const { return options_; }
+  /// Worker threads its kernels use (its own arena's size).
+  int threads() { return arena_.threads(); }
 
   // storage and accounting (memory, stats, allocate, upload, download): detail::host_storage
 
@@ -87,56 +96,68 @@ class eigen_backend : public detail::host_storage<T> {
   /// C = alpha op(A) op(B) + beta C; beta == 0 overwrites C (NaN in C does not propagate).
   void gemm(transpose ta, transpose tb, T alpha, matrix_view<const T> a, matrix_view<const T> b,
             T beta, matrix_view<T> c) {
-    const index_t k = detail::check_gemm(ta, tb, a, b, c).k;
-    detail::gemm(ta, tb, alpha, a, b, beta, c, gemm_opts());
-    ++stats_.gemm_calls;
-    stats_.gemm_flops +=
-        2.0 * static_cast<double>(c.rows) * static_cast<double>(c.cols) * static_cast<double>(k);
+    arena_.run([&] {
+      const index_t k = detail::check_gemm(ta, tb, a, b, c).k;
+      detail::gemm(ta, tb, alpha, a, b, beta, c, gemm_opts());
+      ++stats_.gemm_calls;
+      stats_.gemm_flops +=
+          2.0 * static_cast<double>(c.rows) * static_cast<double>(c.cols) * static_cast<double>(k);
+    });
   }
 
   /// C[i] = alpha op(A[i]) op(B[i]) + beta C[i] for every i of the batch.
   void gemm_batched(transpose ta, transpose tb, T alpha, tensor3_view<const T> a,
                     tensor3_view<const T> b, T beta, tensor3_view<T> c) {
-    const index_t k = detail::check_gemm_batched(ta, tb, a, b, c).k;
-    const double flops =
-        2.0 * static_cast<double>(c.rows) * static_cast<double>(c.cols) * static_cast<double>(k);
-    const auto tuning = gemm_opts();
-    if (flops >= tuning.parallel_min_flops) {  // each product is worth splitting itself
-      for (index_t i = 0; i < c.batch; ++i)
-        detail::gemm(ta, tb, alpha, a[i], b[i], beta, c[i], tuning);
-    } else {
-      const index_t grain = std::max<index_t>(
-          1, static_cast<index_t>(tuning.parallel_min_flops / std::max(flops, 1.0)));
-      parallel_for(0, c.batch, grain, [&](index_t i0, index_t i1) {
-        for (index_t i = i0; i < i1; ++i)
-          detail::gemm_serial(ta, tb, alpha, a[i], b[i], beta, c[i]);
-      });
-    }
-    ++stats_.gemm_calls;
-    stats_.gemm_flops += flops * static_cast<double>(c.batch);
+    arena_.run([&] {
+      const index_t k = detail::check_gemm_batched(ta, tb, a, b, c).k;
+      const double flops =
+          2.0 * static_cast<double>(c.rows) * static_cast<double>(c.cols) * static_cast<double>(k);
+      const auto tuning = gemm_opts();
+      if (flops >= tuning.parallel_min_flops) {  // each product is worth splitting itself
+        for (index_t i = 0; i < c.batch; ++i)
+          detail::gemm(ta, tb, alpha, a[i], b[i], beta, c[i], tuning);
+      } else {
+        const index_t grain = std::max<index_t>(
+            1, static_cast<index_t>(tuning.parallel_min_flops / std::max(flops, 1.0)));
+        parallel_for(0, c.batch, grain, [&](index_t i0, index_t i1) {
+          for (index_t i = i0; i < i1; ++i)
+            detail::gemm_serial(ta, tb, alpha, a[i], b[i], beta, c[i]);
+        });
+      }
+      ++stats_.gemm_calls;
+      stats_.gemm_flops += flops * static_cast<double>(c.batch);
+    });
   }
 
   /// y += alpha x.
   void axpy(T alpha, matrix_view<const T> x, matrix_view<T> y) {
-    detail::check_layout("axpy", "x", x);
-    detail::check_like("axpy", "y", y, "x", x.rows, x.cols);
-    detail::axpy(alpha, x, y);
+    arena_.run([&] {
+      detail::check_layout("axpy", "x", x);
+      detail::check_like("axpy", "y", y, "x", x.rows, x.cols);
+      detail::axpy(alpha, x, y);
+    });
   }
   /// x *= alpha (alpha == 0 keeps NaN, as the reference; use fill to zero a buffer).
   void scale(T alpha, matrix_view<T> x) {
-    detail::check_layout("scale", "x", x);
-    detail::scale(alpha, x);
+    arena_.run([&] {
+      detail::check_layout("scale", "x", x);
+      detail::scale(alpha, x);
+    });
   }
   /// x = value.
   void fill(matrix_view<T> x, T value) {
-    detail::check_layout("fill", "x", x);
-    detail::fill(x, value);
+    arena_.run([&] {
+      detail::check_layout("fill", "x", x);
+      detail::fill(x, value);
+    });
   }
   /// y = x.
   void copy(matrix_view<const T> x, matrix_view<T> y) {
-    detail::check_layout("copy", "x", x);
-    detail::check_like("copy", "y", y, "x", x.rows, x.cols);
-    detail::copy(x, y);
+    arena_.run([&] {
+      detail::check_layout("copy", "x", x);
+      detail::check_like("copy", "y", y, "x", x.rows, x.cols);
+      detail::copy(x, y);
+    });
   }
 
   // ---- embedding -----------------------------------------------------------------------------
@@ -144,14 +165,18 @@ class eigen_backend : public detail::host_storage<T> {
   /// out.row(i) = table.row(ids[i]); table (V, d), ids (n), out (n, d).
   void embedding_forward(matrix_view<const T> table, std::span<const token_id> ids,
                          matrix_view<T> out) {
-    detail::check_embedding_forward(table, ids, out);
-    detail::embedding_forward(table, ids, out);
+    arena_.run([&] {
+      detail::check_embedding_forward(table, ids, out);
+      detail::embedding_forward(table, ids, out);
+    });
   }
   /// dtable.row(ids[i]) += dout.row(i); dout (n, d), dtable (V, d). Deterministic with repeats.
   void embedding_backward(matrix_view<const T> dout, std::span<const token_id> ids,
                           matrix_view<T> dtable) {
-    detail::check_embedding_backward(dout, ids, dtable);
-    detail::embedding_backward(dout, ids, dtable);
+    arena_.run([&] {
+      detail::check_embedding_backward(dout, ids, dtable);
+      detail::embedding_backward(dout, ids, dtable);
+    });
   }
 
   // ---- RMSNorm -------------------------------------------------------------------------------
@@ -159,42 +184,54 @@ class eigen_backend : public detail::host_storage<T> {
   /// y = x * rstd * w with rstd_i = 1 / sqrt(mean(x_i^2) + eps); x, y (n, d), w (d), rstd (n).
   void rmsnorm_forward(matrix_view<const T> x, std::span<const T> w, T eps, matrix_view<T> y,
                        std::span<T> rstd) {
-    detail::check_rmsnorm_forward(x, w, eps, y, rstd);
-    detail::rmsnorm_forward(x, w, eps, y, rstd);
+    arena_.run([&] {
+      detail::check_rmsnorm_forward(x, w, eps, y, rstd);
+      detail::rmsnorm_forward(x, w, eps, y, rstd);
+    });
   }
   /// dx += d(y)/d(x)^T dy, dw += sum_i dy_i * x_i * rstd_i (skipped when dw is empty).
   void rmsnorm_backward(matrix_view<const T> x, std::span<const T> w, std::span<const T> rstd,
                         matrix_view<const T> dy, matrix_view<T> dx, std::span<T> dw) {
-    detail::check_rmsnorm_backward(x, w, rstd, dy, dx, dw);
-    detail::rmsnorm_backward(x, w, rstd, dy, dx, dw, memory_);
+    arena_.run([&] {
+      detail::check_rmsnorm_backward(x, w, rstd, dy, dx, dw);
+      detail::rmsnorm_backward(x, w, rstd, dy, dx, dw, memory_);
+    });
   }
 
   // ---- RoPE ----------------------------------------------------------------------------------
 
   /// Rotates x (n, heads * head_dim) in place, row i at position pos0 + i (HF rotate-half).
   void rope_forward(matrix_view<T> x, index_t heads, index_t head_dim, index_t pos0, double theta) {
-    detail::check_rope("rope_forward", x, heads, head_dim, pos0, theta);
-    detail::rope(x, heads, head_dim, pos0, theta, +1);
+    arena_.run([&] {
+      detail::check_rope("rope_forward", x, heads, head_dim, pos0, theta);
+      detail::rope(x, heads, head_dim, pos0, theta, +1);
+    });
   }
   /// The adjoint of rope_forward (rotation by -angle), in place on the gradient.
   void rope_backward(matrix_view<T> dx, index_t heads, index_t head_dim, index_t pos0,
                      double theta) {
-    detail::check_rope("rope_backward", dx, heads, head_dim, pos0, theta);
-    detail::rope(dx, heads, head_dim, pos0, theta, -1);
+    arena_.run([&] {
+      detail::check_rope("rope_backward", dx, heads, head_dim, pos0, theta);
+      detail::rope(dx, heads, head_dim, pos0, theta, -1);
+    });
   }
 
   // ---- SwiGLU --------------------------------------------------------------------------------
 
   /// out = silu(gate) * up; all (n, f).
   void swiglu_forward(matrix_view<const T> gate, matrix_view<const T> up, matrix_view<T> out) {
-    detail::check_swiglu_forward(gate, up, out);
-    detail::swiglu_forward(gate, up, out);
+    arena_.run([&] {
+      detail::check_swiglu_forward(gate, up, out);
+      detail::swiglu_forward(gate, up, out);
+    });
   }
   /// dgate += dout * d silu(gate) * up, dup += dout * silu(gate).
   void swiglu_backward(matrix_view<const T> gate, matrix_view<const T> up,
                        matrix_view<const T> dout, matrix_view<T> dgate, matrix_view<T> dup) {
-    detail::check_swiglu_backward(gate, up, dout, dgate, dup);
-    detail::swiglu_backward(gate, up, dout, dgate, dup);
+    arena_.run([&] {
+      detail::check_swiglu_backward(gate, up, dout, dgate, dup);
+      detail::swiglu_backward(gate, up, dout, dgate, dup);
+    });
   }
 
   // ---- attention -----------------------------------------------------------------------------
@@ -204,12 +241,14 @@ class eigen_backend : public detail::host_storage<T> {
   void attention_forward(attention_shape shape, matrix_view<const T> q, matrix_view<const T> k,
                          matrix_view<const T> v, index_t q0, index_t valid_len, T scale,
                          matrix_view<T> o, matrix_view<T> lse) {
-    detail::check_attention_forward(shape, q, k, v, q0, valid_len, scale, o, lse);
-    const auto pb = problem(shape, q, k, v, q0, valid_len, scale);
-    const auto elements = detail::attention_forward(pb, o, lse, tiling(), memory_);
-    ++stats_.attention_forward_calls;
-    stats_.attention_flops +=
-        4.0 * static_cast<double>(shape.head_dim) * static_cast<double>(elements);
+    arena_.run([&] {
+      detail::check_attention_forward(shape, q, k, v, q0, valid_len, scale, o, lse);
+      const auto pb = problem(shape, q, k, v, q0, valid_len, scale);
+      const auto elements = detail::attention_forward(pb, o, lse, tiling(), memory_);
+      ++stats_.attention_forward_calls;
+      stats_.attention_flops +=
+          4.0 * static_cast<double>(shape.head_dim) * static_cast<double>(elements);
+    });
   }
 
   /// The exact gradient of attention_forward: dQ += , dK += , dV += (shapes of Q, K, V), given
@@ -218,15 +257,18 @@ class eigen_backend : public detail::host_storage<T> {
                           matrix_view<const T> v, matrix_view<const T> o, matrix_view<const T> d_o,
                           matrix_view<const T> lse, index_t q0, index_t valid_len, T scale,
                           matrix_view<T> dq, matrix_view<T> dk, matrix_view<T> dv) {
-    detail::check_attention_backward(shape, q, k, v, o, d_o, lse, q0, valid_len, scale, dq, dk, dv);
-    const auto pb = problem(shape, q, k, v, q0, valid_len, scale);
-    const auto work = detail::attention_backward(pb, o, d_o, lse, dq, dk, dv, tiling(), memory_);
-    ++stats_.attention_backward_calls;
-    // Tile GEMM flops actually done: key-major pass 5 products (4 without dQ), query-major 3.
-    const double per_key = work.query_major_elements > 0 ? 8.0 : 10.0;
-    stats_.attention_flops += static_cast<double>(shape.head_dim) *
-                              (per_key * static_cast<double>(work.key_major_elements) +
-                               6.0 * static_cast<double>(work.query_major_elements));
+    arena_.run([&] {
+      detail::check_attention_backward(shape, q, k, v, o, d_o, lse, q0, valid_len, scale, dq, dk,
+                                       dv);
+      const auto pb = problem(shape, q, k, v, q0, valid_len, scale);
+      const auto work = detail::attention_backward(pb, o, d_o, lse, dq, dk, dv, tiling(), memory_);
+      ++stats_.attention_backward_calls;
+      // Tile GEMM flops actually done: key-major pass 5 products (4 without dQ), query-major 3.
+      const double per_key = work.query_major_elements > 0 ? 8.0 : 10.0;
+      stats_.attention_flops += static_cast<double>(shape.head_dim) *
+                                (per_key * static_cast<double>(work.key_major_elements) +
+                                 6.0 * static_cast<double>(work.query_major_elements));
+    });
   }
 
   // ---- cross-entropy -------------------------------------------------------------------------
@@ -234,14 +276,18 @@ class eigen_backend : public detail::host_storage<T> {
   /// lse_i = logsumexp(logits_i / tau), logprob_i = logits_i[y_i] / tau - lse_i (0 if ignored).
   void xent_forward(matrix_view<const T> logits, std::span<const token_id> labels, T tau,
                     std::span<T> lse, std::span<T> logprob) {
-    detail::check_xent_forward(logits, labels, tau, lse, logprob);
-    detail::xent_forward(logits, labels, tau, lse, logprob);
+    arena_.run([&] {
+      detail::check_xent_forward(logits, labels, tau, lse, logprob);
+      detail::xent_forward(logits, labels, tau, lse, logprob);
+    });
   }
   /// logits := coeff_i * (onehot(y_i) - softmax(logits_i / tau)) / tau in place; ignored rows 0.
   void xent_backward(matrix_view<T> logits, std::span<const token_id> labels,
                      std::span<const T> lse, std::span<const T> coeff, T tau) {
-    detail::check_xent_backward(logits, labels, lse, coeff, tau);
-    detail::xent_backward(logits, labels, lse, coeff, tau);
+    arena_.run([&] {
+      detail::check_xent_backward(logits, labels, lse, coeff, tau);
+      detail::xent_backward(logits, labels, lse, coeff, tau);
+    });
   }
 
   // ---- optimizer updates -----------------------------------------------------------------------
@@ -249,14 +295,18 @@ class eigen_backend : public detail::host_storage<T> {
   /// One Adam / AdamW step (torch formulas) on param with moments m, v.
   void adam_update(std::span<T> param, std::span<const T> grad, std::span<T> m, std::span<T> v,
                    const adam_hyper<T>& hyper) {
-    detail::check_adam(param, grad, m, v, hyper);
-    detail::adam_update(param, grad, m, v, hyper);
+    arena_.run([&] {
+      detail::check_adam(param, grad, m, v, hyper);
+      detail::adam_update(param, grad, m, v, hyper);
+    });
   }
   /// One SGD step (optional momentum, weight decay, sign); momentum_buf is empty iff momentum 0.
   void sgd_update(std::span<T> param, std::span<const T> grad, std::span<T> momentum_buf,
                   const sgd_hyper<T>& hyper) {
-    detail::check_sgd(param, grad, momentum_buf, hyper);
-    detail::sgd_update(param, grad, momentum_buf, hyper);
+    arena_.run([&] {
+      detail::check_sgd(param, grad, momentum_buf, hyper);
+      detail::sgd_update(param, grad, momentum_buf, hyper);
+    });
   }
 
  private:
@@ -281,6 +331,7 @@ class eigen_backend : public detail::host_storage<T> {
   using detail::host_storage<T>::stats_;
 
   eigen_backend_options options_;
+  detail::thread_arena arena_;  // the kernels' workers (options.threads)
 };
 
 static_assert(Backend<eigen_backend<float>>);

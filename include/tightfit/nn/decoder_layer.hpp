@@ -1,5 +1,5 @@
 // tightfit/nn/decoder_layer.hpp: the Llama / Qwen decoder layer, forward and sequence-chunked
-// backward (StreamBP, Luo et al., NeurIPS 2025, arXiv 2506.03077; ALGORITHMS.md section 1).
+// backward (StreamBP, Luo et al., NeurIPS 2025, arXiv 2506.03077; docs/streambp.md).
 //
 //   h  = RMSNorm(X; g1)
 //   Q  = h Wq^T + bq (H*hd), K = h Wk^T + bk, V = h Wv^T + bv (Hkv*hd); optional per-head
@@ -20,6 +20,7 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "tightfit/backend/concept.hpp"
 #include "tightfit/nn/config.hpp"
@@ -30,92 +31,67 @@ namespace tightfit {
 
 /// Positions of one decoder layer's parameters in a parameter_set.
 struct decoder_layer_params {
-  std::size_t input_norm, q_proj, k_proj, v_proj, o_proj, post_norm, gate_proj, up_proj, down_proj;
+  std::size_t input_norm = 0, q_proj = 0, k_proj = 0, v_proj = 0, o_proj = 0, post_norm = 0;
+  std::size_t gate_proj = 0, up_proj = 0, down_proj = 0;
   std::size_t q_norm = 0, k_norm = 0;              ///< only with config.qk_norm
   std::size_t q_bias = 0, k_bias = 0, v_bias = 0;  ///< only with config.qkv_bias
   std::size_t o_bias = 0;                          ///< only with config.o_bias
 
   /// The Hugging Face name prefix of layer l: "model.layers.<l>.".
-  static std::string prefix(index_t l) { return "model.layers." + std::to_string(l) + "."; }
+  static std::string prefix(index_t l) { return hf_names::layer_prefix(l); }
 };
 
-namespace detail {
-
-/// Copies rows [c0, c1) of every sequence of src (B*T, w) into dst (B*c, w), c = c1 - c0.
-template <Backend B>
-void gather_rows(B& be, const sequence_batch& seq, index_t c0, index_t c1,
-                 matrix_view<const typename B::value_type> src,
-                 matrix_view<typename B::value_type> dst) {
-  const index_t c = c1 - c0, t = seq.seq_len;
-  for (index_t b = 0; b < seq.batch; ++b)
-    be.copy(src.row_range(b * t + c0, b * t + c1), dst.row_range(b * c, (b + 1) * c));
+/// The parameter table of a decoder layer: each row's name, shape and the field of
+/// decoder_layer_params that receives its position. Declaration, loading, layer_param_ids and
+/// the optimizers all read this one table.
+struct decoder_param_row {
+  param_spec spec;
+  std::size_t decoder_layer_params::*slot;
+};
+inline std::vector<decoder_param_row> decoder_layer_table(const model_config& c) {
+  using P = decoder_layer_params;
+  const index_t d = c.hidden_size, q = c.q_width(), kv = c.kv_width(), f = c.intermediate_size;
+  std::vector<decoder_param_row> t{{{"input_layernorm.weight", {d}}, &P::input_norm},
+                                   {{"self_attn.q_proj.weight", {q, d}}, &P::q_proj},
+                                   {{"self_attn.k_proj.weight", {kv, d}}, &P::k_proj},
+                                   {{"self_attn.v_proj.weight", {kv, d}}, &P::v_proj},
+                                   {{"self_attn.o_proj.weight", {d, q}}, &P::o_proj}};
+  if (c.qkv_bias) {
+    t.push_back({{"self_attn.q_proj.bias", {q}}, &P::q_bias});
+    t.push_back({{"self_attn.k_proj.bias", {kv}}, &P::k_bias});
+    t.push_back({{"self_attn.v_proj.bias", {kv}}, &P::v_bias});
+  }
+  if (c.o_bias) t.push_back({{"self_attn.o_proj.bias", {d}}, &P::o_bias});
+  if (c.qk_norm) {
+    t.push_back({{"self_attn.q_norm.weight", {c.head_dim}}, &P::q_norm});
+    t.push_back({{"self_attn.k_norm.weight", {c.head_dim}}, &P::k_norm});
+  }
+  t.push_back({{"post_attention_layernorm.weight", {d}}, &P::post_norm});
+  t.push_back({{"mlp.gate_proj.weight", {f, d}}, &P::gate_proj});
+  t.push_back({{"mlp.up_proj.weight", {f, d}}, &P::up_proj});
+  t.push_back({{"mlp.down_proj.weight", {d, f}}, &P::down_proj});
+  return t;
 }
-
-/// The inverse of gather_rows: src (B*c, w) into rows [c0, c1) of every sequence of dst.
-template <Backend B>
-void scatter_rows(B& be, const sequence_batch& seq, index_t c0, index_t c1,
-                  matrix_view<const typename B::value_type> src,
-                  matrix_view<typename B::value_type> dst) {
-  const index_t c = c1 - c0, t = seq.seq_len;
-  for (index_t b = 0; b < seq.batch; ++b)
-    be.copy(src.row_range(b * c, (b + 1) * c), dst.row_range(b * t + c0, b * t + c1));
-}
-
-}  // namespace detail
 
 /// One decoder layer over parameters held in a parameter_set. Satisfies Layer.
-template <Backend B>
+template <TransformerBackend B>
 class decoder_layer {
  public:
-  using T = typename B::value_type;
+  using T = storage_t<B>;
+  using A = accum_t<B>;
   using buffer = buffer_t<B>;
 
   decoder_layer(parameter_set<B>& params, const model_config& config, index_t layer_index)
       : params_(&params), cfg_(config), index_(layer_index) {
-    const std::string p = decoder_layer_params::prefix(layer_index);
-    ids_.input_norm = params.at(p + "input_layernorm.weight");
-    ids_.q_proj = params.at(p + "self_attn.q_proj.weight");
-    ids_.k_proj = params.at(p + "self_attn.k_proj.weight");
-    ids_.v_proj = params.at(p + "self_attn.v_proj.weight");
-    ids_.o_proj = params.at(p + "self_attn.o_proj.weight");
-    ids_.post_norm = params.at(p + "post_attention_layernorm.weight");
-    ids_.gate_proj = params.at(p + "mlp.gate_proj.weight");
-    ids_.up_proj = params.at(p + "mlp.up_proj.weight");
-    ids_.down_proj = params.at(p + "mlp.down_proj.weight");
-    if (cfg_.qk_norm) {
-      ids_.q_norm = params.at(p + "self_attn.q_norm.weight");
-      ids_.k_norm = params.at(p + "self_attn.k_norm.weight");
-    }
-    if (cfg_.qkv_bias) {
-      ids_.q_bias = params.at(p + "self_attn.q_proj.bias");
-      ids_.k_bias = params.at(p + "self_attn.k_proj.bias");
-      ids_.v_bias = params.at(p + "self_attn.v_proj.bias");
-    }
-    if (cfg_.o_bias) ids_.o_bias = params.at(p + "self_attn.o_proj.bias");
+    const std::string p = hf_names::layer_prefix(layer_index);
+    for (const auto& row : decoder_layer_table(cfg_)) ids_.*row.slot = params.at(p + row.spec.name);
   }
 
-  /// Adds the parameters of layer l (zero values) to `params` under their Hugging Face names.
-  static void declare(parameter_set<B>& params, const model_config& c, index_t l) {
-    const std::string p = decoder_layer_params::prefix(l);
-    params.add(p + "input_layernorm.weight", {c.hidden_size});
-    params.add(p + "self_attn.q_proj.weight", {c.q_width(), c.hidden_size});
-    params.add(p + "self_attn.k_proj.weight", {c.kv_width(), c.hidden_size});
-    params.add(p + "self_attn.v_proj.weight", {c.kv_width(), c.hidden_size});
-    params.add(p + "self_attn.o_proj.weight", {c.hidden_size, c.q_width()});
-    if (c.qkv_bias) {
-      params.add(p + "self_attn.q_proj.bias", {c.q_width()});
-      params.add(p + "self_attn.k_proj.bias", {c.kv_width()});
-      params.add(p + "self_attn.v_proj.bias", {c.kv_width()});
-    }
-    if (c.o_bias) params.add(p + "self_attn.o_proj.bias", {c.hidden_size});
-    if (c.qk_norm) {
-      params.add(p + "self_attn.q_norm.weight", {c.head_dim});
-      params.add(p + "self_attn.k_norm.weight", {c.head_dim});
-    }
-    params.add(p + "post_attention_layernorm.weight", {c.hidden_size});
-    params.add(p + "mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size});
-    params.add(p + "mlp.up_proj.weight", {c.intermediate_size, c.hidden_size});
-    params.add(p + "mlp.down_proj.weight", {c.hidden_size, c.intermediate_size});
+  /// This layer's parameters (names under "model.layers.N.", shapes): decoder_layer_table.
+  static std::vector<param_spec> parameter_table(const model_config& c) {
+    std::vector<param_spec> t;
+    for (auto& row : decoder_layer_table(c)) t.push_back(std::move(row.spec));
+    return t;
   }
 
   const decoder_layer_params& param_ids() const { return ids_; }
@@ -139,9 +115,9 @@ class decoder_layer {
       buffer y_c = be.template allocate<T>((c1 - c0) * seq.batch * cfg_.hidden_size);
       auto yv = y_c.view((c1 - c0) * seq.batch, cfg_.hidden_size);  // (B*c, d)
       be.copy(a.x2.view(yv.rows, yv.cols), yv);
-      be.gemm(transpose::no, transpose::yes, T(1), a.act.view(yv.rows, cfg_.intermediate_size),
-              weight(ids_.down_proj, cfg_.hidden_size, cfg_.intermediate_size), T(1), yv);
-      detail::scatter_rows(be, seq, c0, c1, matrix_view<const T>(yv), y);
+      be.gemm(transpose::no, transpose::yes, A(1), a.act.view(yv.rows, cfg_.intermediate_size),
+              weight(ids_.down_proj, cfg_.hidden_size, cfg_.intermediate_size), A(1), yv);
+      scatter_rows(be, seq, c0, c1, matrix_view<const T>(yv), y);
       if (keep) kept_acts_.emplace(std::move(a));
     }
     if (keep) kept_kv_.emplace(std::move(kv));
@@ -250,16 +226,16 @@ class decoder_layer {
   /// y (n, w) += 1 (n, 1) b (1, w): bias `id` added to every row, as a rank-1 GEMM.
   void add_bias(B& be, std::size_t id, matrix_view<T> y) const {
     buffer ones = be.template allocate<T>(y.rows);  // (n, 1)
-    be.fill(ones.view(y.rows, 1), T(1));
-    be.gemm(transpose::no, transpose::no, T(1), matrix_view<const T>(ones.view(y.rows, 1)),
-            as_matrix(vec(id), 1, y.cols), T(1), y);
+    be.fill(ones.view(y.rows, 1), A(1));
+    be.gemm(transpose::no, transpose::no, A(1), matrix_view<const T>(ones.view(y.rows, 1)),
+            as_matrix(vec(id), 1, y.cols), A(1), y);
   }
   /// grad of bias `id` (1, w) += 1^T (1, n) dy (n, w): the column sums of dy.
   void add_bias_grad(B& be, std::size_t id, matrix_view<const T> dy) const {
     buffer ones = be.template allocate<T>(dy.rows);  // (n, 1)
-    be.fill(ones.view(dy.rows, 1), T(1));
-    be.gemm(transpose::yes, transpose::no, T(1), matrix_view<const T>(ones.view(dy.rows, 1)), dy,
-            T(1), grad(id, 1, dy.cols));
+    be.fill(ones.view(dy.rows, 1), A(1));
+    be.gemm(transpose::yes, transpose::no, A(1), matrix_view<const T>(ones.view(dy.rows, 1)), dy,
+            A(1), grad(id, 1, dy.cols));
   }
 
   kv_state make_kv(B& be, index_t rows) const {
@@ -285,12 +261,12 @@ class decoder_layer {
       a.xv = x;
     } else {
       a.x = be.template allocate<T>(a.n * d);
-      detail::gather_rows(be, seq, c0, c1, x, a.x.view(a.n, d));
+      gather_rows(be, seq, c0, c1, x, a.x.view(a.n, d));
       a.xv = a.x.view(a.n, d);
     }
     a.h1 = be.template allocate<T>(a.n * d);
     a.rstd1 = be.template allocate<T>(a.n);
-    be.rmsnorm_forward(a.xv, vec(ids_.input_norm), T(cfg_.rms_norm_eps), a.h1.view(a.n, d),
+    be.rmsnorm_forward(a.xv, vec(ids_.input_norm), A(cfg_.rms_norm_eps), a.h1.view(a.n, d),
                        a.rstd1.span());
     return a;
   }
@@ -316,32 +292,29 @@ class decoder_layer {
     buffer k_c = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
     buffer v_c = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
     auto h1 = a.h1.view(n, d);
-    be.gemm(transpose::no, transpose::yes, T(1), h1, weight(ids_.k_proj, kvw, d), T(0),
+    be.gemm(transpose::no, transpose::yes, A(1), h1, weight(ids_.k_proj, kvw, d), A(0),
             k_c.view(n, kvw));
-    be.gemm(transpose::no, transpose::yes, T(1), h1, weight(ids_.v_proj, kvw, d), T(0),
+    be.gemm(transpose::no, transpose::yes, A(1), h1, weight(ids_.v_proj, kvw, d), A(0),
             v_c.view(n, kvw));
     if (cfg_.qkv_bias) {
       add_bias(be, ids_.k_bias, k_c.view(n, kvw));
       add_bias(be, ids_.v_bias, v_c.view(n, kvw));
     }
-    detail::scatter_rows(be, seq, c0, c1, matrix_view<const T>(v_c.view(n, kvw)),
-                         kv.v.view(rows, kvw));
+    scatter_rows(be, seq, c0, c1, matrix_view<const T>(v_c.view(n, kvw)), kv.v.view(rows, kvw));
     if (cfg_.qk_norm) {
-      detail::scatter_rows(be, seq, c0, c1, matrix_view<const T>(k_c.view(n, kvw)),
-                           kv.k_raw.view(rows, kvw));
+      scatter_rows(be, seq, c0, c1, matrix_view<const T>(k_c.view(n, kvw)),
+                   kv.k_raw.view(rows, kvw));
       buffer kn = be.template allocate<T>(n * kvw);
       buffer rstd = be.template allocate<T>(n * cfg_.num_key_value_heads);
       be.rmsnorm_forward(k_c.view(n * cfg_.num_key_value_heads, hd), vec(ids_.k_norm),
-                         T(cfg_.rms_norm_eps), kn.view(n * cfg_.num_key_value_heads, hd),
+                         A(cfg_.rms_norm_eps), kn.view(n * cfg_.num_key_value_heads, hd),
                          rstd.span());
-      detail::scatter_rows(be, seq, c0, c1,
-                           matrix_view<const T>(rstd.view(n, cfg_.num_key_value_heads)),
-                           kv.rstd_k.view(rows, cfg_.num_key_value_heads));
+      scatter_rows(be, seq, c0, c1, matrix_view<const T>(rstd.view(n, cfg_.num_key_value_heads)),
+                   kv.rstd_k.view(rows, cfg_.num_key_value_heads));
       k_c = std::move(kn);
     }
     rope_rows(be, seq, k_c.view(n, kvw), cfg_.num_key_value_heads, c0, c1, false);
-    detail::scatter_rows(be, seq, c0, c1, matrix_view<const T>(k_c.view(n, kvw)),
-                         kv.k.view(rows, kvw));
+    scatter_rows(be, seq, c0, c1, matrix_view<const T>(k_c.view(n, kvw)), kv.k.view(rows, kvw));
   }
 
   /// The chunk's forward up to the MLP activation (everything backward_rows needs).
@@ -355,13 +328,13 @@ class decoder_layer {
     if (cfg_.qk_norm) {
       a.q_raw = be.template allocate<T>(n * qw);
       a.rstd_q = be.template allocate<T>(n * h);
-      be.gemm(transpose::no, transpose::yes, T(1), h1, weight(ids_.q_proj, qw, d), T(0),
+      be.gemm(transpose::no, transpose::yes, A(1), h1, weight(ids_.q_proj, qw, d), A(0),
               a.q_raw.view(n, qw));
       if (cfg_.qkv_bias) add_bias(be, ids_.q_bias, a.q_raw.view(n, qw));
-      be.rmsnorm_forward(a.q_raw.view(n * h, hd), vec(ids_.q_norm), T(cfg_.rms_norm_eps),
+      be.rmsnorm_forward(a.q_raw.view(n * h, hd), vec(ids_.q_norm), A(cfg_.rms_norm_eps),
                          a.q.view(n * h, hd), a.rstd_q.span());
     } else {
-      be.gemm(transpose::no, transpose::yes, T(1), h1, weight(ids_.q_proj, qw, d), T(0),
+      be.gemm(transpose::no, transpose::yes, A(1), h1, weight(ids_.q_proj, qw, d), A(0),
               a.q.view(n, qw));
       if (cfg_.qkv_bias) add_bias(be, ids_.q_bias, a.q.view(n, qw));
     }
@@ -370,7 +343,7 @@ class decoder_layer {
     a.o = be.template allocate<T>(n * qw);
     a.lse = be.template allocate<T>(n * h);
     const attention_shape shape{h, cfg_.num_key_value_heads, hd};
-    const T scale = T(1) / std::sqrt(T(hd));
+    const A scale = A(1) / std::sqrt(A(hd));
     for (index_t b = 0; b < seq.batch; ++b) {
       auto keys = kv.k.view(seq.rows(), kvw).row_range(b * t, b * t + c1);
       auto vals = kv.v.view(seq.rows(), kvw).row_range(b * t, b * t + c1);
@@ -381,20 +354,20 @@ class decoder_layer {
     // x2 = x + o Wo^T
     a.x2 = be.template allocate<T>(n * d);
     be.copy(a.xv, a.x2.view(n, d));
-    be.gemm(transpose::no, transpose::yes, T(1), a.o.view(n, qw), weight(ids_.o_proj, d, qw), T(1),
+    be.gemm(transpose::no, transpose::yes, A(1), a.o.view(n, qw), weight(ids_.o_proj, d, qw), A(1),
             a.x2.view(n, d));
     if (cfg_.o_bias) add_bias(be, ids_.o_bias, a.x2.view(n, d));
     // MLP input
     a.h2 = be.template allocate<T>(n * d);
     a.rstd2 = be.template allocate<T>(n);
-    be.rmsnorm_forward(a.x2.view(n, d), vec(ids_.post_norm), T(cfg_.rms_norm_eps), a.h2.view(n, d),
+    be.rmsnorm_forward(a.x2.view(n, d), vec(ids_.post_norm), A(cfg_.rms_norm_eps), a.h2.view(n, d),
                        a.rstd2.span());
     a.gate = be.template allocate<T>(n * f);
     a.up = be.template allocate<T>(n * f);
     a.act = be.template allocate<T>(n * f);
-    be.gemm(transpose::no, transpose::yes, T(1), a.h2.view(n, d), weight(ids_.gate_proj, f, d),
-            T(0), a.gate.view(n, f));
-    be.gemm(transpose::no, transpose::yes, T(1), a.h2.view(n, d), weight(ids_.up_proj, f, d), T(0),
+    be.gemm(transpose::no, transpose::yes, A(1), a.h2.view(n, d), weight(ids_.gate_proj, f, d),
+            A(0), a.gate.view(n, f));
+    be.gemm(transpose::no, transpose::yes, A(1), a.h2.view(n, d), weight(ids_.up_proj, f, d), A(0),
             a.up.view(n, f));
     be.swiglu_forward(a.gate.view(n, f), a.up.view(n, f), a.act.view(n, f));
   }
@@ -409,16 +382,16 @@ class decoder_layer {
     const bool wg = mode.weight_grads;
     // dy rows of the chunk; dx2 starts as dy (residual)
     buffer dx2 = be.template allocate<T>(n * d);  // (n, d)
-    detail::gather_rows(be, seq, c0, c1, dy, dx2.view(n, d));
+    gather_rows(be, seq, c0, c1, dy, dx2.view(n, d));
     {
       // MLP: y = x2 + act Wd^T
       buffer dh2 = be.template allocate<T>(n * d);  // (n, d)
       {
         buffer dact = be.template allocate<T>(n * f);  // (n, f)
-        be.gemm(transpose::no, transpose::no, T(1), dx2.view(n, d), weight(ids_.down_proj, d, f),
-                T(0), dact.view(n, f));
+        be.gemm(transpose::no, transpose::no, A(1), dx2.view(n, d), weight(ids_.down_proj, d, f),
+                A(0), dact.view(n, f));
         if (wg)
-          be.gemm(transpose::yes, transpose::no, T(1), dx2.view(n, d), a.act.view(n, f), T(1),
+          be.gemm(transpose::yes, transpose::no, A(1), dx2.view(n, d), a.act.view(n, f), A(1),
                   grad(ids_.down_proj, d, f));
         a.act.reset();
         buffer dgate = be.template allocate<T>(n * f);  // (n, f)
@@ -428,14 +401,14 @@ class decoder_layer {
         dact.reset();
         a.gate.reset();
         a.up.reset();
-        be.gemm(transpose::no, transpose::no, T(1), dgate.view(n, f), weight(ids_.gate_proj, f, d),
-                T(0), dh2.view(n, d));
-        be.gemm(transpose::no, transpose::no, T(1), dup.view(n, f), weight(ids_.up_proj, f, d),
-                T(1), dh2.view(n, d));
+        be.gemm(transpose::no, transpose::no, A(1), dgate.view(n, f), weight(ids_.gate_proj, f, d),
+                A(0), dh2.view(n, d));
+        be.gemm(transpose::no, transpose::no, A(1), dup.view(n, f), weight(ids_.up_proj, f, d),
+                A(1), dh2.view(n, d));
         if (wg) {
-          be.gemm(transpose::yes, transpose::no, T(1), dgate.view(n, f), a.h2.view(n, d), T(1),
+          be.gemm(transpose::yes, transpose::no, A(1), dgate.view(n, f), a.h2.view(n, d), A(1),
                   grad(ids_.gate_proj, f, d));
-          be.gemm(transpose::yes, transpose::no, T(1), dup.view(n, f), a.h2.view(n, d), T(1),
+          be.gemm(transpose::yes, transpose::no, A(1), dup.view(n, f), a.h2.view(n, d), A(1),
                   grad(ids_.up_proj, f, d));
         }
       }
@@ -448,15 +421,15 @@ class decoder_layer {
     buffer dq = be.template allocate<T>(n * qw);  // (n, H*hd) w.r.t. rotated q
     {
       buffer dout = be.template allocate<T>(n * qw);  // (n, H*hd)
-      be.gemm(transpose::no, transpose::no, T(1), dx2.view(n, d), weight(ids_.o_proj, d, qw), T(0),
+      be.gemm(transpose::no, transpose::no, A(1), dx2.view(n, d), weight(ids_.o_proj, d, qw), A(0),
               dout.view(n, qw));
       if (wg) {
-        be.gemm(transpose::yes, transpose::no, T(1), dx2.view(n, d), a.o.view(n, qw), T(1),
+        be.gemm(transpose::yes, transpose::no, A(1), dx2.view(n, d), a.o.view(n, qw), A(1),
                 grad(ids_.o_proj, d, qw));
         if (cfg_.o_bias) add_bias_grad(be, ids_.o_bias, dx2.view(n, d));
       }
       const attention_shape shape{h, hkv, hd};
-      const T scale = T(1) / std::sqrt(T(hd));
+      const A scale = A(1) / std::sqrt(A(hd));
       for (index_t b = 0; b < seq.batch; ++b) {
         const index_t r0 = b * c, r1 = (b + 1) * c;
         auto keys = kv_->k.view(rows, kvw).row_range(b * t, b * t + c1);
@@ -484,18 +457,16 @@ class decoder_layer {
     // k, v rows of this chunk are complete now (later chunks were done first)
     buffer dk = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
     buffer dv = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
-    detail::gather_rows(be, seq, c0, c1, matrix_view<const T>(kv_->dk.view(rows, kvw)),
-                        dk.view(n, kvw));
-    detail::gather_rows(be, seq, c0, c1, matrix_view<const T>(kv_->dv.view(rows, kvw)),
-                        dv.view(n, kvw));
+    gather_rows(be, seq, c0, c1, matrix_view<const T>(kv_->dk.view(rows, kvw)), dk.view(n, kvw));
+    gather_rows(be, seq, c0, c1, matrix_view<const T>(kv_->dv.view(rows, kvw)), dv.view(n, kvw));
     rope_rows(be, seq, dk.view(n, kvw), hkv, c0, c1, true);
     if (cfg_.qk_norm) {
       buffer k_raw = be.template allocate<T>(n * kvw);
       buffer rstd = be.template allocate<T>(n * hkv);
-      detail::gather_rows(be, seq, c0, c1, matrix_view<const T>(kv_->k_raw.view(rows, kvw)),
-                          k_raw.view(n, kvw));
-      detail::gather_rows(be, seq, c0, c1, matrix_view<const T>(kv_->rstd_k.view(rows, hkv)),
-                          rstd.view(n, hkv));
+      gather_rows(be, seq, c0, c1, matrix_view<const T>(kv_->k_raw.view(rows, kvw)),
+                  k_raw.view(n, kvw));
+      gather_rows(be, seq, c0, c1, matrix_view<const T>(kv_->rstd_k.view(rows, hkv)),
+                  rstd.view(n, hkv));
       buffer dk_raw = be.template allocate<T>(n * kvw);
       be.rmsnorm_backward(k_raw.view(n * hkv, hd), vec(ids_.k_norm), rstd.span(),
                           dk.view(n * hkv, hd), dk_raw.view(n * hkv, hd),
@@ -504,11 +475,11 @@ class decoder_layer {
     }
     auto h1 = a.h1.view(n, d);
     if (wg) {
-      be.gemm(transpose::yes, transpose::no, T(1), dq.view(n, qw), h1, T(1),
+      be.gemm(transpose::yes, transpose::no, A(1), dq.view(n, qw), h1, A(1),
               grad(ids_.q_proj, qw, d));
-      be.gemm(transpose::yes, transpose::no, T(1), dk.view(n, kvw), h1, T(1),
+      be.gemm(transpose::yes, transpose::no, A(1), dk.view(n, kvw), h1, A(1),
               grad(ids_.k_proj, kvw, d));
-      be.gemm(transpose::yes, transpose::no, T(1), dv.view(n, kvw), h1, T(1),
+      be.gemm(transpose::yes, transpose::no, A(1), dv.view(n, kvw), h1, A(1),
               grad(ids_.v_proj, kvw, d));
       if (cfg_.qkv_bias) {
         add_bias_grad(be, ids_.q_bias, dq.view(n, qw));
@@ -519,16 +490,15 @@ class decoder_layer {
     if (!mode.input_grad && !wg) return;
     // dh1 = dq Wq + dk Wk + dv Wv; dx = dx2 + RMSNorm backward
     buffer dh1 = be.template allocate<T>(n * d);  // (n, d)
-    be.gemm(transpose::no, transpose::no, T(1), dq.view(n, qw), weight(ids_.q_proj, qw, d), T(0),
+    be.gemm(transpose::no, transpose::no, A(1), dq.view(n, qw), weight(ids_.q_proj, qw, d), A(0),
             dh1.view(n, d));
-    be.gemm(transpose::no, transpose::no, T(1), dk.view(n, kvw), weight(ids_.k_proj, kvw, d), T(1),
+    be.gemm(transpose::no, transpose::no, A(1), dk.view(n, kvw), weight(ids_.k_proj, kvw, d), A(1),
             dh1.view(n, d));
-    be.gemm(transpose::no, transpose::no, T(1), dv.view(n, kvw), weight(ids_.v_proj, kvw, d), T(1),
+    be.gemm(transpose::no, transpose::no, A(1), dv.view(n, kvw), weight(ids_.v_proj, kvw, d), A(1),
             dh1.view(n, d));
     be.rmsnorm_backward(a.xv, vec(ids_.input_norm), a.rstd1.span(), dh1.view(n, d), dx2.view(n, d),
                         grad_vec(ids_.input_norm, wg));
-    if (mode.input_grad)
-      detail::scatter_rows(be, seq, c0, c1, matrix_view<const T>(dx2.view(n, d)), dx);
+    if (mode.input_grad) scatter_rows(be, seq, c0, c1, matrix_view<const T>(dx2.view(n, d)), dx);
   }
 
   parameter_set<B>* params_;

@@ -1,4 +1,6 @@
-// tightfit/nn/layer.hpp: the Layer seam the StreamBP scheduler drives, and the batch layout.
+// tightfit/nn/layer.hpp: the Layer and DecoderModel seams the StreamBP scheduler drives, and the
+// batch layout. A user's own layer (e.g. parallel attention + MLP) satisfying DecoderLayer plugs
+// into decoder_model<B, L> and runs under every backward schedule (examples/custom_layer.cpp).
 //
 // StreamBP (Luo et al., NeurIPS 2025, arXiv 2506.03077) splits a layer's backward along the
 // sequence: backprop is linear in dY and causal, so chunks of query rows, processed last to
@@ -18,11 +20,15 @@
 #pragma once
 
 #include <concepts>
+#include <cstddef>
 #include <span>
+#include <vector>
 
 #include "tightfit/backend/concept.hpp"
 #include "tightfit/core/error.hpp"
 #include "tightfit/core/view.hpp"
+#include "tightfit/nn/config.hpp"
+#include "tightfit/nn/parameters.hpp"
 
 namespace tightfit {
 
@@ -51,6 +57,24 @@ struct sequence_batch {
   }
 };
 
+/// Copies rows [c0, c1) of every sequence of src (B*T, w) into dst (B*c, w), c = c1 - c0.
+template <DenseBackend B>
+void gather_rows(B& be, const sequence_batch& seq, index_t c0, index_t c1,
+                 matrix_view<const storage_t<B>> src, matrix_view<storage_t<B>> dst) {
+  const index_t c = c1 - c0, t = seq.seq_len;
+  for (index_t b = 0; b < seq.batch; ++b)
+    be.copy(src.row_range(b * t + c0, b * t + c1), dst.row_range(b * c, (b + 1) * c));
+}
+
+/// The inverse of gather_rows: src (B*c, w) into rows [c0, c1) of every sequence of dst.
+template <DenseBackend B>
+void scatter_rows(B& be, const sequence_batch& seq, index_t c0, index_t c1,
+                  matrix_view<const storage_t<B>> src, matrix_view<storage_t<B>> dst) {
+  const index_t c = c1 - c0, t = seq.seq_len;
+  for (index_t b = 0; b < seq.batch; ++b)
+    be.copy(src.row_range(b * c, (b + 1) * c), dst.row_range(b * t + c0, b * t + c1));
+}
+
 /// What a layer's backward must produce.
 struct layer_grad_mode {
   bool weight_grads = true;  ///< accumulate this layer's parameter gradients
@@ -59,14 +83,43 @@ struct layer_grad_mode {
 
 /// A layer the StreamBP scheduler can drive (see the top comment for the contract).
 template <class L, class B>
-concept Layer = Backend<B> &&
-    requires(L& layer, B& be, const sequence_batch& seq,
-             matrix_view<const typename B::value_type> x, matrix_view<typename B::value_type> y,
-             index_t n, bool keep, layer_grad_mode mode) {
+concept Layer = StorageBackend<B> &&
+    requires(L& layer, B& be, const sequence_batch& seq, matrix_view<const storage_t<B>> x,
+             matrix_view<storage_t<B>> y, index_t n, bool keep, layer_grad_mode mode) {
   layer.forward(be, seq, x, y, n, keep);
   layer.begin_backward(be, seq, x, n, mode);
   layer.backward_chunk(be, seq, x, x, n, n, y, mode);
   layer.end_backward(be);
+};
+
+/// A layer decoder_model<B, L> can hold: a Layer that lists its parameters (a table of names
+/// under "model.layers.N." and shapes) and is built over a parameter_set that holds them.
+template <class L, class B>
+concept DecoderLayer = Layer<L, B> && std::move_constructible<L> && std::constructible_from < L,
+        parameter_set<B>
+&, const model_config&, index_t > &&requires(const model_config& c) {
+  { L::parameter_table(c) } -> std::convertible_to<std::vector<param_spec>>;
+};
+
+/// What compute_gradients, the forward-only log-probs and the planner need of a model: a
+/// backend, a config, one parameter_set, the positions of the embedding, final norm and LM head,
+/// and `layers()` layers, each a Layer with its parameter positions.
+template <class M>
+concept DecoderModel = requires {
+  typename M::backend_type;
+}
+&&TransformerBackend<typename M::backend_type>&& requires(M& m, const M& cm, index_t l) {
+  typename M::layer_type;
+  requires Layer<typename M::layer_type, typename M::backend_type>;
+  { cm.backend() } -> std::same_as<typename M::backend_type&>;
+  { cm.config() } -> std::convertible_to<const model_config&>;
+  { m.parameters() } -> std::same_as<parameter_set<typename M::backend_type>&>;
+  { cm.embed_id() } -> std::convertible_to<std::size_t>;
+  { cm.final_norm_id() } -> std::convertible_to<std::size_t>;
+  { cm.lm_head_id() } -> std::convertible_to<std::size_t>;
+  { cm.head_param_ids() } -> std::convertible_to<std::vector<std::size_t>>;
+  { cm.layer_param_ids(l) } -> std::convertible_to<std::vector<std::size_t>>;
+  { m.layer(l) } -> std::same_as<typename M::layer_type&>;
 };
 
 }  // namespace tightfit

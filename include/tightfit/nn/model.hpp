@@ -1,7 +1,8 @@
 // tightfit/nn/model.hpp: a decoder-only transformer of the Llama / Qwen2 / Qwen3 family.
 //
-// Parameters live in one parameter_set under their Hugging Face names:
-//   model.embed_tokens.weight (V, d), model.layers.N.* (see decoder_layer.hpp),
+// Parameters live in one parameter_set under their Hugging Face names (nn/parameters.hpp's
+// hf_names; each layer's rows come from L::parameter_table, see decoder_layer.hpp):
+//   model.embed_tokens.weight (V, d), model.layers.N.* (the layer's table),
 //   model.norm.weight (d), lm_head.weight (V, d) unless tie_word_embeddings (then the head
 //   reads model.embed_tokens.weight and its gradient accumulates there).
 #pragma once
@@ -15,25 +16,36 @@
 #include "tightfit/backend/concept.hpp"
 #include "tightfit/nn/config.hpp"
 #include "tightfit/nn/decoder_layer.hpp"
+#include "tightfit/nn/layer.hpp"
 #include "tightfit/nn/parameters.hpp"
 
 namespace tightfit {
 
-/// The model: configuration, parameters and the layers that read them.
-template <Backend B>
+/// The model: configuration, parameters and the layers that read them. L is the layer type
+/// (decoder_layer<B> for Llama / Qwen; any DecoderLayer, e.g. a user's own).
+template <TransformerBackend B, class L = decoder_layer<B>>
+requires DecoderLayer<L, B>
 class decoder_model {
  public:
-  using T = typename B::value_type;
+  using T = storage_t<B>;
+  using A = accum_t<B>;
+  using backend_type = B;
+  using layer_type = L;
 
   decoder_model(B& backend, const model_config& config) : cfg_(config), params_(backend) {
     cfg_.validate();
-    embed_ = params_.add("model.embed_tokens.weight", {cfg_.vocab_size, cfg_.hidden_size});
-    for (index_t l = 0; l < cfg_.num_hidden_layers; ++l)
-      decoder_layer<B>::declare(params_, cfg_, l);
-    final_norm_ = params_.add("model.norm.weight", {cfg_.hidden_size});
+    embed_ = params_.add(hf_names::embedding, {cfg_.vocab_size, cfg_.hidden_size});
+    const auto table = L::parameter_table(cfg_);
+    for (index_t l = 0; l < cfg_.num_hidden_layers; ++l) {
+      const std::string prefix = hf_names::layer_prefix(l);
+      std::vector<std::size_t> ids;
+      for (const auto& row : table) ids.push_back(params_.add(prefix + row.name, row.shape));
+      layer_ids_.push_back(std::move(ids));
+    }
+    final_norm_ = params_.add(hf_names::final_norm, {cfg_.hidden_size});
     lm_head_ = cfg_.tie_word_embeddings
                    ? embed_
-                   : params_.add("lm_head.weight", {cfg_.vocab_size, cfg_.hidden_size});
+                   : params_.add(hf_names::lm_head, {cfg_.vocab_size, cfg_.hidden_size});
     layers_.reserve(static_cast<std::size_t>(cfg_.num_hidden_layers));
     for (index_t l = 0; l < cfg_.num_hidden_layers; ++l) layers_.emplace_back(params_, cfg_, l);
     set_norms_to_one();
@@ -60,28 +72,16 @@ class decoder_model {
   parameter_set<B>& parameters() { return params_; }
   const parameter_set<B>& parameters() const { return params_; }
   B& backend() const { return params_.backend(); }
-  std::vector<decoder_layer<B>>& layers() { return layers_; }
+  std::vector<L>& layers() { return layers_; }
+  L& layer(index_t l) { return layers_[static_cast<std::size_t>(l)]; }
 
   std::size_t embed_id() const { return embed_; }
   std::size_t final_norm_id() const { return final_norm_; }
   std::size_t lm_head_id() const { return lm_head_; }
 
-  /// Positions in parameters() of layer l's parameters.
+  /// Positions in parameters() of layer l's parameters, in the order of its parameter table.
   std::vector<std::size_t> layer_param_ids(index_t l) const {
-    const auto& p = layers_[static_cast<std::size_t>(l)].param_ids();
-    std::vector<std::size_t> ids{p.input_norm, p.q_proj,    p.k_proj,  p.v_proj,   p.o_proj,
-                                 p.post_norm,  p.gate_proj, p.up_proj, p.down_proj};
-    if (cfg_.qk_norm) {
-      ids.push_back(p.q_norm);
-      ids.push_back(p.k_norm);
-    }
-    if (cfg_.qkv_bias) {
-      ids.push_back(p.q_bias);
-      ids.push_back(p.k_bias);
-      ids.push_back(p.v_bias);
-    }
-    if (cfg_.o_bias) ids.push_back(p.o_bias);
-    return ids;
+    return layer_ids_[static_cast<std::size_t>(l)];
   }
   /// Positions of the head's parameters: final norm and lm_head (the embedding when tied).
   std::vector<std::size_t> head_param_ids() const { return {final_norm_, lm_head_}; }
@@ -96,13 +96,14 @@ class decoder_model {
 
   void set_norms_to_one() {
     for (std::size_t i = 0; i < params_.size(); ++i)
-      if (is_norm_weight(i)) params_.backend().fill(as_row(params_.value(i)), T(1));
+      if (is_norm_weight(i)) params_.backend().fill(as_row(params_.value(i)), A(1));
   }
 
   model_config cfg_;
   parameter_set<B> params_;
   std::size_t embed_ = 0, final_norm_ = 0, lm_head_ = 0;
-  std::vector<decoder_layer<B>> layers_;
+  std::vector<std::vector<std::size_t>> layer_ids_;  // per layer, in table order
+  std::vector<L> layers_;
 };
 
 }  // namespace tightfit

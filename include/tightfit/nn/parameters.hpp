@@ -11,7 +11,6 @@
 #include <span>
 #include <string>
 #include <unordered_map>
-#include <utility>
 #include <vector>
 
 #include "tightfit/backend/concept.hpp"
@@ -19,9 +18,25 @@
 
 namespace tightfit {
 
-/// The buffer type a backend allocates for its value_type.
-template <class B>
-using buffer_t = decltype(std::declval<B&>().template allocate<typename B::value_type>(0));
+/// The Hugging Face names a decoder model's parameters live under, spelled here only: the model
+/// declares and loads them, optim/partition.hpp groups them by layer.
+namespace hf_names {
+inline constexpr const char* embedding = "model.embed_tokens.weight";  ///< (V, d)
+inline constexpr const char* final_norm = "model.norm.weight";         ///< (d)
+inline constexpr const char* lm_head = "lm_head.weight";               ///< (V, d) unless tied
+inline constexpr const char* layer_prefix_stem = "model.layers.";      ///< + N + "."
+/// The name prefix of decoder layer l: "model.layers.<l>.".
+inline std::string layer_prefix(index_t l) {
+  return layer_prefix_stem + std::to_string(l) + ".";
+}
+}  // namespace hf_names
+
+/// One row of a layer's parameter table (as llm.c's ParameterTensors): the name under the
+/// layer's prefix ("mlp.up_proj.weight") and the shape (a Linear weight is (out, in)).
+struct param_spec {
+  std::string name;
+  std::vector<index_t> shape;
+};
 
 /// Named tensors with optional gradients, addressed by position or by name.
 template <class P>
@@ -35,11 +50,11 @@ concept ParameterSet = requires(P& p, const P& cp, std::size_t i, const std::str
   { cp.find(name) } -> std::same_as<std::ptrdiff_t>;                 // -1 when absent
 };
 
-/// The parameter set of a model on backend B.
-template <Backend B>
+/// The parameter set of a model on backend B (values and gradients stored as storage_t<B>).
+template <StorageBackend B>
 class parameter_set {
  public:
-  using value_type = typename B::value_type;
+  using value_type = storage_t<B>;
 
   explicit parameter_set(B& backend) : backend_(&backend) {}
 
@@ -85,9 +100,9 @@ class parameter_set {
   /// Frees the gradient buffer of parameter i.
   void release_grad(std::size_t i) { entries_[i].grad = buffer_t<B>{}; }
   /// Sets every existing gradient to zero.
-  void zero_grads() {
+  void zero_grads() requires DenseBackend<B> {
     for (auto& e : entries_)
-      if (!e.grad.empty()) backend_->fill(as_row(e.grad.span()), value_type(0));
+      if (!e.grad.empty()) backend_->fill(as_row(e.grad.span()), accum_t<B>(0));
   }
   /// Total number of scalars.
   index_t total_numel() const {

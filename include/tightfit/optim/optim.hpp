@@ -1,11 +1,14 @@
 // tightfit/optim/optim.hpp: every optimizer header (update rules, schedules, partitions,
-// orders, expansions, the block coordinate optimizer). checkpoint.hpp and train.hpp need
-// tightfit::io (nlohmann-json) and are included separately.
+// orders, expansions, the block coordinate optimizer, the training loop and its callbacks,
+// checkpoints through a TensorWriter / TensorReader). None of them needs tightfit::io.
 #pragma once
 
 #include "tightfit/optim/block_optimizer.hpp"
+#include "tightfit/optim/callbacks.hpp"
+#include "tightfit/optim/checkpoint.hpp"
 #include "tightfit/optim/expansion.hpp"
 #include "tightfit/optim/order.hpp"
 #include "tightfit/optim/partition.hpp"
 #include "tightfit/optim/schedule.hpp"
+#include "tightfit/optim/train.hpp"
 #include "tightfit/optim/update_rules.hpp"

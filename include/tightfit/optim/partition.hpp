@@ -6,7 +6,8 @@
 // exactly one block or frozen, and no block is empty; a violation is an error naming the
 // parameter (and both blocks for a parameter claimed twice).
 //
-// Builders, all over Hugging Face names:
+// Builders, all over Hugging Face names (nn/parameters.hpp's hf_names, the names decoder_model
+// declares from its layers' parameter tables):
 //  - by_layer: one block "layer.N" per decoder layer ("model.layers.N."); the embedding
 //    ("embedding": model.embed_tokens.*) and the head ("head": model.norm.*, lm_head.*) are
 //    blocks only when asked, frozen otherwise;
@@ -83,9 +84,9 @@ class block_partition {
         auto& b = layers[*l];
         b.name = "layer." + std::to_string(*l);
         b.ids.push_back(i);
-      } else if (n.rfind("model.embed_tokens.", 0) == 0) {
+      } else if (in_module(n, hf_names::embedding)) {
         (embedding_block ? embed.ids : frozen).push_back(i);
-      } else if (n.rfind("model.norm.", 0) == 0 || n.rfind("lm_head.", 0) == 0) {
+      } else if (in_module(n, hf_names::final_norm) || in_module(n, hf_names::lm_head)) {
         (head_block ? head.ids : frozen).push_back(i);
       } else {
         fail("block_partition::by_layer: parameter '", n,
@@ -167,9 +168,13 @@ class block_partition {
   }
 
  private:
+  /// Whether `name` belongs to the module of parameter `of` ("model.norm.weight": "model.norm.*").
+  static bool in_module(const std::string& name, const std::string& of) {
+    return name.rfind(of.substr(0, of.rfind('.') + 1), 0) == 0;
+  }
   /// N for names "model.layers.N.*".
   static std::optional<long long> layer_of(const std::string& n) {
-    static const std::string pre = "model.layers.";
+    static const std::string pre = hf_names::layer_prefix_stem;
     if (n.rfind(pre, 0) != 0) return std::nullopt;
     const std::size_t dot = n.find('.', pre.size());
     if (dot == std::string::npos || dot == pre.size()) return std::nullopt;

@@ -109,7 +109,7 @@ static_assert(LrSchedule<constant_schedule> && LrSchedule<cosine_schedule> &&
               LrSchedule<runtime_schedule>);
 
 /// Global 2-norm of the gradients of parameters `ids` (those without a gradient are skipped).
-template <Backend B>
+template <StorageBackend B>
 double grad_norm(parameter_set<B>& params, std::span<const std::size_t> ids) {
   using T = typename B::value_type;
   double sum = 0;
@@ -126,7 +126,7 @@ double grad_norm(parameter_set<B>& params, std::span<const std::size_t> ids) {
 
 /// Scales the gradients of `ids` so that their global norm is at most max_norm; returns the
 /// norm before clipping. max_norm must be > 0.
-template <Backend B>
+template <DenseBackend B>
 double clip_grad_norm(parameter_set<B>& params, std::span<const std::size_t> ids, double max_norm) {
   using T = typename B::value_type;
   check(max_norm > 0, "clip_grad_norm: max_norm is ", max_norm, ", expected > 0");

@@ -1,26 +1,33 @@
-// tightfit/optim/train.hpp: a supervised fine-tuning loop for any optimizer of optim/ (block
-// coordinate or full) and any learning-rate schedule.
+// tightfit/optim/train.hpp: a training loop for any model, any optimizer of optim/ (block
+// coordinate or full), any learning-rate schedule, any objective, and callbacks in the manner of
+// ensmallen's: detected, not required.
 //
 // Data: token_dataset, N rows of T tokens: input_ids (N, T) and labels (N, T) in the Hugging
-// Face convention (unshifted; -100 ignored; labels absent: the inputs themselves), read from a
-// safetensors file or given in memory. Step s trains on rows [s*B, s*B + B) modulo N.
-// The loop sets the optimizer's learning-rate factor from the schedule, steps, draws a progress
-// line on stderr (steps, loss, tokens/s, peak memory) and writes one JSON object per step to the
-// log file (step, loss, lr_factor, block, tokens, tokens_per_s, seconds, peak_bytes,
-// state_bytes). It can save a checkpoint (optim/checkpoint.hpp) at the end.
+// Face convention (unshifted; -100 ignored; labels absent: the inputs themselves), in memory
+// (io/token_file.hpp reads them from a safetensors file). Step s trains on rows [s*B, s*B + B)
+// modulo N. Each step sets the optimizer's learning-rate factor from the schedule, builds the
+// objective (a copy of the Objective given, or objective(batch) when a factory is given), steps,
+// stops at a non-finite loss or gradient norm (nothing further is reported), then calls each
+// callback. A callback may define any of
+//   on_begin(const train_begin&)   on_step(const train_step&)   on_end(const train_summary&)
+// or be callable as f(step, step_result); optim/callbacks.hpp has a progress line and a JSON log.
+// Saving a checkpoint at the end is the caller's (optim/checkpoint.hpp).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
-#include <functional>
-#include <string>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
-#include "tightfit/io/safetensors.hpp"
-#include "tightfit/loss/sft.hpp"
-#include "tightfit/optim/checkpoint.hpp"
+#include "tightfit/core/error.hpp"
+#include "tightfit/loss/objective.hpp"
+#include "tightfit/nn/layer.hpp"
+#include "tightfit/optim/block_optimizer.hpp"
 #include "tightfit/optim/schedule.hpp"
 #include "tightfit/stream/backward.hpp"
 
@@ -41,31 +48,6 @@ class token_dataset {
     if (labels_.empty()) labels_ = ids_;
     check_extent("token_dataset", "labels.size", static_cast<index_t>(labels_.size()),
                  rows * seq_len);
-  }
-
-  /// Reads input_ids (N, T) and optional labels (N, T) from a safetensors file.
-  static token_dataset load(const std::filesystem::path& path) {
-    const auto f = safetensors_file::open(path);
-    const tensor_info& t = f.info("input_ids");
-    check(t.shape.size() == 2, path.string(), ": input_ids has ", t.shape.size(),
-          " dimensions, expected 2 (N, T)");
-    std::vector<token_id> labels;
-    if (f.contains("labels")) {
-      const tensor_info& l = f.info("labels");
-      check(l.shape == t.shape, path.string(), ": labels has shape ",
-            io::detail::shape_string(l.shape), ", expected that of input_ids ",
-            io::detail::shape_string(t.shape));
-      labels = f.read_ints("labels");
-    }
-    return token_dataset(t.shape[0], t.shape[1], f.read_ints("input_ids"), std::move(labels));
-  }
-
-  /// Writes the data set (I64 input_ids and labels).
-  void save(const std::filesystem::path& path) const {
-    safetensors_writer w;
-    w.add("input_ids", {rows_, seq_len_}, std::span<const token_id>(ids_));
-    w.add("labels", {rows_, seq_len_}, std::span<const token_id>(labels_));
-    w.write(path);
   }
 
   index_t rows() const { return rows_; }
@@ -118,13 +100,26 @@ inline dataset_batch make_batch(const token_dataset& data, index_t first, index_
 /// Options of train().
 struct train_options {
   std::int64_t steps = 100;
-  index_t batch = 1;                 ///< rows per step
-  backward_options backward;         ///< schedule, chunk, ... (gradient control: the optimizer's)
-  bool progress = true;              ///< progress line on stderr
-  std::filesystem::path log;         ///< JSON lines; empty: none
-  std::filesystem::path save_state;  ///< checkpoint written at the end; empty: none
-  /// Called after every step (step index, its result); e.g. to record a loss curve.
-  std::function<void(std::int64_t, const step_result&)> on_step;
+  index_t batch = 1;          ///< rows per step
+  backward_options backward;  ///< schedule, chunk, ... (gradient control: the optimizer's)
+};
+
+/// What callbacks see when the run begins.
+struct train_begin {
+  std::int64_t first_step = 0;  ///< optimizer steps done before (a resumed run)
+  std::int64_t steps = 0;       ///< steps this run will take
+};
+
+/// What callbacks see after each step.
+struct train_step {
+  std::int64_t step = 0;   ///< global step index, 0-based (counts on across a resume)
+  std::int64_t index = 0;  ///< step index within this run, 0-based
+  std::int64_t steps = 0;  ///< steps this run takes
+  const step_result* result = nullptr;
+  double lr_factor = 1;
+  double tokens = 0;            ///< tokens trained on in this run so far
+  double seconds = 0;           ///< wall time of this run so far
+  std::size_t state_bytes = 0;  ///< optimizer state after the step
 };
 
 /// What train() did.
@@ -136,54 +131,97 @@ struct train_summary {
   std::size_t state_bytes = 0;  ///< optimizer state at the end
 };
 
-/// Trains `model` for options.steps steps (see the top comment).
-template <Backend B, class Optimizer, LrSchedule Schedule>
-train_summary train(decoder_model<B>& model, const token_dataset& data, Optimizer& optimizer,
-                    const Schedule& schedule, const train_options& options) {
+namespace detail {
+
+template <class C>
+constexpr bool is_train_callback = requires(C& c, const train_begin& b, const train_step& s,
+                                            const train_summary& e) {
+  c.on_begin(b);
+}
+|| requires(C& c, const train_step& s) {
+  c.on_step(s);
+}
+|| requires(C& c, const train_summary& e) {
+  c.on_end(e);
+}
+|| std::is_invocable_v<C&, std::int64_t, const step_result&>;
+
+template <class C>
+void callback_begin(C& c, const train_begin& b) {
+  if constexpr (requires { c.on_begin(b); }) c.on_begin(b);
+}
+template <class C>
+void callback_step(C& c, const train_step& s) {
+  if constexpr (requires { c.on_step(s); })
+    c.on_step(s);
+  else if constexpr (std::is_invocable_v<C&, std::int64_t, const step_result&>)
+    c(s.step, *s.result);
+}
+template <class C>
+void callback_end(C& c, const train_summary& e) {
+  if constexpr (requires { c.on_end(e); }) c.on_end(e);
+}
+
+/// The step's objective: a copy of an Objective, or what a factory makes of the batch.
+template <class Source>
+auto make_objective(Source& source, const dataset_batch& batch) {
+  if constexpr (Objective<std::remove_cvref_t<Source>>)
+    return std::remove_cvref_t<Source>(source);
+  else
+    return source(batch);
+}
+
+}  // namespace detail
+
+/// Trains `model` for options.steps steps on `objective` (an Objective, copied for each step, or
+/// a factory objective(const dataset_batch&) returning one), calling `callbacks` (see the top
+/// comment).
+template <DecoderModel M, class Optimizer, LrSchedule Schedule, class ObjectiveSource,
+          class... Callbacks>
+train_summary train(M& model, const token_dataset& data, Optimizer& optimizer,
+                    const Schedule& schedule, const train_options& options,
+                    ObjectiveSource&& objective, Callbacks&&... callbacks) {
+  static_assert((detail::is_train_callback<std::remove_cvref_t<Callbacks>> && ...),
+                "a train() callback needs on_begin, on_step or on_end, or to be callable as "
+                "f(std::int64_t step, const step_result&)");
   using clock = std::chrono::steady_clock;
   check(options.steps >= 0, "train: steps is ", options.steps, ", expected >= 0");
   check(options.batch >= 1, "train: batch is ", options.batch, ", expected >= 1");
   data.validate(model.config().vocab_size);
-  std::ofstream log;
-  if (!options.log.empty()) {
-    log.open(options.log, std::ios::trunc);
-    check(static_cast<bool>(log), options.log.string(), ": cannot open the log for writing");
-  }
   train_summary sum;
   const auto start = clock::now();
   double tokens = 0;
   const std::int64_t first_step = optimizer.steps();
+  check(
+      first_step >= 0 &&
+          first_step <= (std::numeric_limits<std::int64_t>::max() / options.batch) - options.steps,
+      "train: the run would end at step ", first_step, " + ", options.steps,
+      ", whose first row (step x batch ", options.batch, ") does not fit in 64 bits");
+  [[maybe_unused]] const train_begin begin{first_step, options.steps};
+  (detail::callback_begin(callbacks, begin), ...);
   for (std::int64_t s = 0; s < options.steps; ++s) {
     const std::int64_t global = first_step + s;
     const auto b = make_batch(data, global * options.batch, options.batch);
-    sft_loss loss;
+    auto loss = detail::make_objective(objective, b);
     optimizer.set_lr_factor(schedule(global));
     const step_result r = optimizer.step(b.view(), loss, options.backward);
+    // Non-finite policy: stop before anything non-finite is logged or saved.
+    check(std::isfinite(r.loss), "train: step ", global + 1, ": the loss is ", r.loss,
+          " (not finite); stopped, nothing saved");
+    check(r.grad_norm < 0 || std::isfinite(r.grad_norm), "train: step ", global + 1,
+          ": the gradient norm is ", r.grad_norm, " (not finite); stopped, nothing saved");
     tokens += static_cast<double>(options.batch * data.seq_len());
     const double secs = std::chrono::duration<double>(clock::now() - start).count();
     sum.losses.push_back(r.loss);
     sum.peak_bytes = std::max(sum.peak_bytes, r.backward.peak_bytes);
-    if (log) {
-      log << "{\"step\":" << global + 1 << ",\"loss\":" << r.loss
-          << ",\"lr_factor\":" << optimizer.lr_factor() << ",\"block\":" << r.block
-          << ",\"tokens\":" << tokens << ",\"tokens_per_s\":" << tokens / secs
-          << ",\"seconds\":" << secs << ",\"peak_bytes\":" << r.backward.peak_bytes
-          << ",\"state_bytes\":" << optimizer.state_bytes() << "}\n";
-    }
-    if (options.progress) {
-      std::fprintf(stderr, "\rstep %lld/%lld  loss %.4f  block %lld  %.0f tok/s  peak %.1f MiB   ",
-                   static_cast<long long>(s + 1), static_cast<long long>(options.steps), r.loss,
-                   static_cast<long long>(r.block), tokens / secs,
-                   static_cast<double>(r.backward.peak_bytes) / (1024.0 * 1024.0));
-      std::fflush(stderr);
-    }
-    if (options.on_step) options.on_step(global, r);
+    [[maybe_unused]] const train_step info{
+        global, s, options.steps, &r, optimizer.lr_factor(), tokens, secs, optimizer.state_bytes()};
+    (detail::callback_step(callbacks, info), ...);
   }
-  if (options.progress && options.steps > 0) std::fprintf(stderr, "\n");
   sum.seconds = std::chrono::duration<double>(clock::now() - start).count();
   sum.tokens_per_second = sum.seconds > 0 ? tokens / sum.seconds : 0;
   sum.state_bytes = optimizer.state_bytes();
-  if (!options.save_state.empty()) save_checkpoint(options.save_state, model, optimizer);
+  (detail::callback_end(callbacks, sum), ...);
   return sum;
 }
 

@@ -53,7 +53,7 @@ struct adam_family_rule {
     check(weight_decay >= 0, name, ": weight_decay is ", weight_decay, ", expected >= 0");
   }
   /// One step of parameter `p` (bufs: m, v); `step` is 1 for the first update.
-  template <Backend B>
+  template <OptimizerBackend B>
   void apply(B& be, std::span<typename B::value_type> p, std::span<const typename B::value_type> g,
              std::span<buffer_t<B>> bufs, std::int64_t step, double lr_factor, bool decay) const {
     using T = typename B::value_type;
@@ -88,7 +88,7 @@ struct sgd_update_rule {
     check(momentum >= 0 && momentum < 1, name, ": momentum is ", momentum, ", expected in [0, 1)");
     check(weight_decay >= 0, name, ": weight_decay is ", weight_decay, ", expected >= 0");
   }
-  template <Backend B>
+  template <OptimizerBackend B>
   void apply(B& be, std::span<typename B::value_type> p, std::span<const typename B::value_type> g,
              std::span<buffer_t<B>> bufs, std::int64_t /*step*/, double lr_factor,
              bool decay) const {
@@ -111,7 +111,7 @@ concept UpdateRule = requires(const R& r) {
 };
 
 /// The per-run state of `Rule` for exactly the parameters it owns (see the top comment).
-template <Backend B, UpdateRule Rule>
+template <StorageBackend B, UpdateRule Rule>
 class rule_state {
  public:
   using T = typename B::value_type;

@@ -31,26 +31,28 @@
 
 namespace tightfit {
 
-enum class schedule { full, checkpoint, stream };
+/// How the backward keeps or recomputes activations (the CLI's --schedule); not to be confused
+/// with the learning-rate schedules of optim/schedule.hpp.
+enum class backward_schedule { full, checkpoint, stream };
 enum class head_mode { automatic, materialized, streaming };
 
-inline const char* to_string(schedule s) {
+inline const char* to_string(backward_schedule s) {
   switch (s) {
-    case schedule::full:
+    case backward_schedule::full:
       return "full";
-    case schedule::checkpoint:
+    case backward_schedule::checkpoint:
       return "checkpoint";
-    case schedule::stream:
+    case backward_schedule::stream:
       return "stream";
   }
   return "?";
 }
 
 /// "full", "checkpoint" or "stream"; anything else is an error naming it.
-inline schedule parse_schedule(const std::string& name) {
-  if (name == "full") return schedule::full;
-  if (name == "checkpoint") return schedule::checkpoint;
-  if (name == "stream") return schedule::stream;
+inline backward_schedule parse_backward_schedule(const std::string& name) {
+  if (name == "full") return backward_schedule::full;
+  if (name == "checkpoint") return backward_schedule::checkpoint;
+  if (name == "stream") return backward_schedule::stream;
   fail("unknown schedule '", name, "', expected full, checkpoint or stream");
 }
 
@@ -62,7 +64,7 @@ struct grads_ready {
 };
 
 struct backward_options {
-  schedule sched = schedule::stream;
+  backward_schedule sched = backward_schedule::stream;
   index_t chunk = 512;                    ///< positions per chunk (stream); >= 1
   head_mode head = head_mode::automatic;  ///< automatic: streaming for stream, else materialized
   index_t head_chunk_rows = 0;            ///< rows per streaming-head chunk; 0: chunk * B
@@ -120,8 +122,8 @@ inline index_t default_head_chunk_rows(const model_config& cfg, index_t batch, i
 
 namespace detail {
 
-template <Backend B>
-void validate_batch(const decoder_model<B>& model, const token_batch& batch) {
+template <DecoderModel M>
+void validate_batch(const M& model, const token_batch& batch) {
   const sequence_batch seq{batch.batch, batch.seq_len, batch.lengths};
   seq.validate();
   const index_t rows = seq.rows(), v = model.config().vocab_size;
@@ -155,10 +157,11 @@ inline std::vector<token_id> masked_targets(const token_batch& batch) {
 }  // namespace detail
 
 /// Loss and parameter gradients of `model` on `batch` under `objective` (see the top comment).
-template <Backend B, Objective O>
-backward_result compute_gradients(decoder_model<B>& model, const token_batch& batch, O& objective,
+template <DecoderModel M, Objective O>
+backward_result compute_gradients(M& model, const token_batch& batch, O& objective,
                                   const backward_options& opt) {
-  using T = typename B::value_type;
+  using B = typename M::backend_type;
+  using T = storage_t<B>;
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   B& be = model.backend();
@@ -203,8 +206,8 @@ backward_result compute_gradients(decoder_model<B>& model, const token_batch& ba
   backward_result result;
   result.lowest_layer = lowest;
   peak_scope scope(be.memory());
-  const index_t fwd_chunk = opt.sched == schedule::stream ? opt.chunk : t;
-  const index_t bwd_chunk = opt.sched == schedule::stream ? std::min(opt.chunk, t) : t;
+  const index_t fwd_chunk = opt.sched == backward_schedule::stream ? opt.chunk : t;
+  const index_t bwd_chunk = opt.sched == backward_schedule::stream ? std::min(opt.chunk, t) : t;
   result.chunk = bwd_chunk;
 
   // Forward: xs[l] is the input of layer l (kept for backward), xs[nl] the final hidden state.
@@ -214,21 +217,20 @@ backward_result compute_gradients(decoder_model<B>& model, const token_batch& ba
   be.embedding_forward(
       as_matrix(std::span<const T>(params.value(model.embed_id())), cfg.vocab_size, d),
       batch.input_ids, xs[0].view(rows, d));
-  auto& layers = model.layers();
   for (index_t l = 0; l < nl; ++l) {
     xs.push_back(be.template allocate<T>(rows * d));  // (B*T, d)
     auto& in = xs[static_cast<std::size_t>(l)];
-    layers[static_cast<std::size_t>(l)].forward(be, seq, matrix_view<const T>(in.view(rows, d)),
-                                                xs[static_cast<std::size_t>(l + 1)].view(rows, d),
-                                                fwd_chunk,
-                                                opt.sched == schedule::full && l >= lowest);
+    model.layer(l).forward(be, seq, matrix_view<const T>(in.view(rows, d)),
+                           xs[static_cast<std::size_t>(l + 1)].view(rows, d), fwd_chunk,
+                           opt.sched == backward_schedule::full && l >= lowest);
     if (l < lowest) in.reset();  // never backpropagated: its input is not needed
   }
   result.forward_seconds = std::chrono::duration<double>(clock::now() - start).count();
 
   // Head: loss, head gradients, dH.
-  const bool streaming = opt.head == head_mode::streaming ||
-                         (opt.head == head_mode::automatic && opt.sched == schedule::stream);
+  const bool streaming =
+      opt.head == head_mode::streaming ||
+      (opt.head == head_mode::automatic && opt.sched == backward_schedule::stream);
   head_options hopt;
   hopt.temperature = opt.temperature;
   hopt.chunk_rows = !streaming                ? rows
@@ -250,7 +252,7 @@ backward_result compute_gradients(decoder_model<B>& model, const token_batch& ba
   // Layers, top to bottom. dx aliases dy: a chunk reads its dy rows before writing its dx
   // rows, and chunks are disjoint, so one (B*T, d) buffer carries the gradient down.
   for (index_t l = nl - 1; l >= lowest; --l) {
-    auto& layer = layers[static_cast<std::size_t>(l)];
+    auto& layer = model.layer(l);
     const layer_grad_mode mode{needs(l), l > lowest || opt.embedding_grad};
     auto x = matrix_view<const T>(xs[static_cast<std::size_t>(l)].view(rows, d));
     if (mode.weight_grads && opt.lazy_layer_grads) allocate_layer_grads(l);

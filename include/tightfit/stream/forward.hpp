@@ -19,10 +19,11 @@ struct forward_options {
 
 /// Per-token label log-probs (B*T): log softmax(z_t / tau)[target_t], 0 where the target is
 /// ignored or the position is padding.
-template <Backend B>
-std::vector<double> model_logprobs(decoder_model<B>& model, const token_batch& batch,
+template <DecoderModel M>
+std::vector<double> model_logprobs(M& model, const token_batch& batch,
                                    const forward_options& opt = {}) {
-  using T = typename B::value_type;
+  using B = typename M::backend_type;
+  using T = storage_t<B>;
   detail::validate_batch(model, batch);
   check(opt.chunk >= 1, "model_logprobs: chunk is ", opt.chunk, ", expected >= 1");
   B& be = model.backend();
@@ -33,10 +34,10 @@ std::vector<double> model_logprobs(decoder_model<B>& model, const token_batch& b
   be.embedding_forward(
       as_matrix(std::span<const T>(model.parameters().value(model.embed_id())), cfg.vocab_size, d),
       batch.input_ids, x.view(rows, d));
-  for (auto& layer : model.layers()) {
+  for (index_t l = 0; l < cfg.num_hidden_layers; ++l) {
     auto y = be.template allocate<T>(rows * d);  // (B*T, d)
-    layer.forward(be, seq, matrix_view<const T>(x.view(rows, d)), y.view(rows, d), opt.chunk,
-                  false);
+    model.layer(l).forward(be, seq, matrix_view<const T>(x.view(rows, d)), y.view(rows, d),
+                           opt.chunk, false);
     x = std::move(y);
   }
   const auto targets = detail::masked_targets(batch);
@@ -50,8 +51,8 @@ std::vector<double> model_logprobs(decoder_model<B>& model, const token_batch& b
 }
 
 /// Per-sequence sums of the counted label log-probs (B): sum_t lp_t over non-ignored targets.
-template <Backend B>
-std::vector<double> sequence_logprob_sums(decoder_model<B>& model, const token_batch& batch,
+template <DecoderModel M>
+std::vector<double> sequence_logprob_sums(M& model, const token_batch& batch,
                                           const forward_options& opt = {}) {
   const auto lp = model_logprobs(model, batch, opt);
   std::vector<double> sums(static_cast<std::size_t>(batch.batch), 0.0);

@@ -1,6 +1,6 @@
 // tightfit/stream/head.hpp: the LM head (final RMSNorm, logits, token log-probs) run over row
 // chunks, so that the (B*T, V) logits are never materialised (StreamBP's streaming head,
-// ALGORITHMS.md section 1). With chunk_rows >= B*T it is the materialised head of frameworks.
+// docs/streambp.md). With chunk_rows >= B*T it is the materialised head of frameworks.
 //
 // Per chunk of rows [r0, r1): hf = RMSNorm(H rows) (n, d); z = hf W^T (n, V); lse and label
 // log-probs; then, in the gradient pass, dz = coeff (onehot - softmax(z/tau)) / tau in place,
@@ -14,7 +14,7 @@
 
 #include "tightfit/backend/concept.hpp"
 #include "tightfit/loss/objective.hpp"
-#include "tightfit/nn/model.hpp"
+#include "tightfit/nn/layer.hpp"
 
 namespace tightfit {
 
@@ -28,10 +28,12 @@ namespace detail {
 
 /// Runs the head over row chunks: for each chunk, visit(r0, r1, logits (n,V), hf (n,d),
 /// rstd (n), lse (n), lp host (n)). Logits hold z on entry to visit.
-template <Backend B, class Visit>
-void head_chunks(decoder_model<B>& model, matrix_view<const typename B::value_type> hidden,
+template <DecoderModel M, class Visit>
+void head_chunks(M& model, matrix_view<const storage_t<typename M::backend_type>> hidden,
                  const token_layout& layout, const head_options& opt, Visit&& visit) {
-  using T = typename B::value_type;
+  using B = typename M::backend_type;
+  using T = storage_t<B>;
+  using A = accum_t<B>;
   B& be = model.backend();
   const auto& cfg = model.config();
   const index_t d = cfg.hidden_size, v = cfg.vocab_size, rows = layout.rows();
@@ -47,15 +49,15 @@ void head_chunks(decoder_model<B>& model, matrix_view<const typename B::value_ty
     const index_t r1 = std::min(rows, r0 + opt.chunk_rows), n = r1 - r0;
     auto hf = be.template allocate<T>(n * d);  // (n, d)
     auto rstd = be.template allocate<T>(n);    // (n)
-    be.rmsnorm_forward(hidden.row_range(r0, r1), g, T(cfg.rms_norm_eps), hf.view(n, d),
+    be.rmsnorm_forward(hidden.row_range(r0, r1), g, A(cfg.rms_norm_eps), hf.view(n, d),
                        rstd.span());
     auto logits = be.template allocate<T>(n * v);  // (n, V)
-    be.gemm(transpose::no, transpose::yes, T(1), hf.view(n, d), w, T(0), logits.view(n, v));
+    be.gemm(transpose::no, transpose::yes, A(1), hf.view(n, d), w, A(0), logits.view(n, v));
     auto lse = be.template allocate<T>(n);  // (n)
     auto lp = be.template allocate<T>(n);   // (n)
     const auto targets =
         layout.targets.subspan(static_cast<std::size_t>(r0), static_cast<std::size_t>(n));
-    be.xent_forward(logits.view(n, v), targets, T(opt.temperature), lse.span(), lp.span());
+    be.xent_forward(logits.view(n, v), targets, A(opt.temperature), lse.span(), lp.span());
     lp_host.resize(static_cast<std::size_t>(n));
     be.download(std::span<const T>(lp.span()), std::span<T>(lp_host));
     visit(r0, r1, logits, hf, rstd, lse, std::span<const T>(lp_host));
@@ -71,9 +73,9 @@ std::vector<double> to_double(std::span<const T> s) {
 
 /// Forward-only per-token label log-probs (B*T; 0 where the target is ignored), with the same
 /// streaming memory bound as the gradient pass.
-template <Backend B>
-std::vector<double> token_logprobs(decoder_model<B>& model,
-                                   matrix_view<const typename B::value_type> hidden,
+template <DecoderModel M>
+std::vector<double> token_logprobs(M& model,
+                                   matrix_view<const storage_t<typename M::backend_type>> hidden,
                                    const token_layout& layout, const head_options& opt) {
   std::vector<double> out(static_cast<std::size_t>(layout.rows()));
   detail::head_chunks(model, hidden, layout, opt,
@@ -88,12 +90,14 @@ std::vector<double> token_logprobs(decoder_model<B>& model,
 /// weight_grads: accumulate into the gradients of lm_head (or the tied embedding) and the
 /// final norm, which must be allocated. Returns the loss; statistics_seconds (optional)
 /// receives the wall time of the objective's statistics pass.
-template <Backend B, Objective O>
-double lm_head_backward(decoder_model<B>& model, matrix_view<const typename B::value_type> hidden,
+template <DecoderModel M, Objective O>
+double lm_head_backward(M& model, matrix_view<const storage_t<typename M::backend_type>> hidden,
                         const token_layout& layout, O& objective, const head_options& opt,
-                        matrix_view<typename B::value_type> dhidden, bool weight_grads,
+                        matrix_view<storage_t<typename M::backend_type>> dhidden, bool weight_grads,
                         double* statistics_seconds = nullptr) {
-  using T = typename B::value_type;
+  using B = typename M::backend_type;
+  using T = storage_t<B>;
+  using A = accum_t<B>;
   B& be = model.backend();
   const auto& cfg = model.config();
   const index_t d = cfg.hidden_size, v = cfg.vocab_size;
@@ -136,12 +140,12 @@ double lm_head_backward(decoder_model<B>& model, matrix_view<const typename B::v
         const auto targets =
             layout.targets.subspan(static_cast<std::size_t>(r0), static_cast<std::size_t>(n));
         be.xent_backward(logits.view(n, v), targets, std::span<const T>(lse.span()),
-                         std::span<const T>(coeff_dev.span()), T(opt.temperature));
+                         std::span<const T>(coeff_dev.span()), A(opt.temperature));
         if (weight_grads)
-          be.gemm(transpose::yes, transpose::no, T(1), logits.view(n, v), hf.view(n, d), T(1),
+          be.gemm(transpose::yes, transpose::no, A(1), logits.view(n, v), hf.view(n, d), A(1),
                   as_matrix(params.grad(model.lm_head_id()), v, d));
         auto dhf = be.template allocate<T>(n * d);  // (n, d)
-        be.gemm(transpose::no, transpose::no, T(1), logits.view(n, v), w, T(0), dhf.view(n, d));
+        be.gemm(transpose::no, transpose::no, A(1), logits.view(n, v), w, A(0), dhf.view(n, d));
         logits.reset();
         auto scratch = need_dh ? decltype(dhf){} : be.template allocate<T>(n * d);
         auto dx = need_dh ? dhidden.row_range(r0, r1) : scratch.view(n, d);

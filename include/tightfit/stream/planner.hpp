@@ -6,7 +6,8 @@
 // exactly as on a real backend, no kernel run), so it tracks the code instead of a formula;
 // each dry run costs O(layers * chunks) no-op calls. "Activation bytes" are the bytes
 // allocated inside compute_gradients (parameters and their gradients are not included: the
-// budget is what is left for activations).
+// budget is what is left for activations). The objective is a parameter (its statistics pass, if
+// any, is part of the dry run); the layer type is a template parameter (decoder_layer by default).
 #pragma once
 
 #include <algorithm>
@@ -14,20 +15,21 @@
 #include <vector>
 
 #include "tightfit/backend/meta.hpp"
-#include "tightfit/loss/sft.hpp"
 #include "tightfit/stream/backward.hpp"
 
 namespace tightfit {
 
-/// Exact peak activation bytes of one compute_gradients call with value type T.
-template <std::floating_point T>
+/// Exact peak activation bytes of one compute_gradients call with value type T, objective
+/// `objective` (copied: the dry run does not touch the caller's) and layer type Layer<backend>.
+template <std::floating_point T, template <class> class Layer = decoder_layer, Objective O>
 std::size_t predict_peak_activation_bytes(const model_config& config, index_t batch,
-                                          index_t seq_len, const backward_options& options) {
+                                          index_t seq_len, const backward_options& options,
+                                          const O& objective) {
   meta_backend<T> be;
-  decoder_model<meta_backend<T>> model(be, config);
+  decoder_model<meta_backend<T>, Layer<meta_backend<T>>> model(be, config);
   const auto rows = static_cast<std::size_t>(batch * seq_len);
   std::vector<token_id> ids(rows, 0), targets(rows, 0);
-  sft_loss loss;
+  O loss = objective;
   backward_options o = options;
   o.on_grads_ready = nullptr;
   return compute_gradients(model, token_batch{batch, seq_len, ids, targets, {}}, loss, o)
@@ -66,23 +68,23 @@ index_t largest_fitting(index_t limit, Fits&& fits) {
 /// The planner: largest power-of-two chunk (<= T) whose stream peak fits the budget at T, and
 /// the largest T per schedule (stream with `stream_chunk`, default 512),
 /// searched up to max_seq.
-template <std::floating_point T>
+template <std::floating_point T, template <class> class Layer = decoder_layer, Objective O>
 plan_result plan_memory(const model_config& config, index_t batch, index_t seq_len,
-                        std::size_t budget_bytes, index_t stream_chunk = 0,
+                        std::size_t budget_bytes, const O& objective, index_t stream_chunk = 0,
                         index_t max_seq = index_t{1} << 22) {
   config.validate();
   check(batch >= 1, "plan_memory: batch is ", batch, ", expected >= 1");
   check(seq_len >= 1, "plan_memory: sequence length is ", seq_len, ", expected >= 1");
   plan_result r;
   r.budget_bytes = budget_bytes;
-  auto peak = [&](schedule s, index_t t, index_t chunk) {
+  auto peak = [&](backward_schedule s, index_t t, index_t chunk) {
     backward_options o;
     o.sched = s;
     o.chunk = chunk;
-    return predict_peak_activation_bytes<T>(config, batch, t, o);
+    return predict_peak_activation_bytes<T, Layer>(config, batch, t, o, objective);
   };
   for (index_t c = 1; c <= seq_len; c *= 2) {
-    const std::size_t p = peak(schedule::stream, seq_len, c);
+    const std::size_t p = peak(backward_schedule::stream, seq_len, c);
     if (p > budget_bytes) break;
     r.chunk = c;
     r.chunk_peak_bytes = p;
@@ -90,11 +92,12 @@ plan_result plan_memory(const model_config& config, index_t batch, index_t seq_l
   }
   r.stream_chunk = stream_chunk > 0 ? stream_chunk : 512;
   r.max_seq_full = detail::largest_fitting(
-      max_seq, [&](index_t t) { return peak(schedule::full, t, t) <= budget_bytes; });
-  r.max_seq_checkpoint = detail::largest_fitting(
-      max_seq, [&](index_t t) { return peak(schedule::checkpoint, t, t) <= budget_bytes; });
+      max_seq, [&](index_t t) { return peak(backward_schedule::full, t, t) <= budget_bytes; });
+  r.max_seq_checkpoint = detail::largest_fitting(max_seq, [&](index_t t) {
+    return peak(backward_schedule::checkpoint, t, t) <= budget_bytes;
+  });
   r.max_seq_stream = detail::largest_fitting(max_seq, [&](index_t t) {
-    return peak(schedule::stream, t, r.stream_chunk) <= budget_bytes;
+    return peak(backward_schedule::stream, t, r.stream_chunk) <= budget_bytes;
   });
   return r;
 }
