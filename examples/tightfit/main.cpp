@@ -1,9 +1,11 @@
 // tightfit: the command-line tool. Dispatches to one subcommand (commands.hpp).
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 
 #include "commands.hpp"
+#include "cpu_features.hpp"
 
 namespace {
 
@@ -43,12 +45,21 @@ int main(int argc, char** argv) {
   }
   for (const auto& c : commands) {
     if (std::strcmp(argv[1], c.name) == 0) {
+      tightfit::cli::warn_if_built_without_cpu_extensions();
+      int code = 1;
       try {
-        return c.run(argc - 1, argv + 1);
+        code = c.run(argc - 1, argv + 1);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "tightfit %s: %s\n", c.name, e.what());
         return 1;
       }
+      // What was printed must have reached stdout (a full disk, > /dev/full): exit 1 otherwise.
+      if (std::fflush(stdout) != 0 || std::ferror(stdout) != 0) {
+        std::fprintf(stderr, "tightfit %s: cannot write to standard output: %s\n", c.name,
+                     std::strerror(errno));
+        return 1;
+      }
+      return code;
     }
   }
   std::fprintf(stderr, "tightfit: unknown command '%s'\n", argv[1]);

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <random>
@@ -272,6 +273,28 @@ class block_optimizer {
       check(b >= 0 && b < nb, "block_optimizer::load: saved block ", b, " outside [0, ", nb, ")");
     check(c[1] >= 0 && c[1] < nb, "block_optimizer::load: saved active block ", c[1],
           " outside [0, ", nb, ")");
+    // Every counter in range before any is used (a negative position or step count would
+    // index outside the block sequence or the data set).
+    const char* field[] = {"started", "active block", "steps in block", "total steps",
+                           "pass",    "position",     "update steps",   "switch_every"};
+    for (std::size_t k = 0; k < c.size(); ++k)
+      check(c[k] >= 0, "block_optimizer::load: optim.counters[", k, "] (", field[k], ") is ", c[k],
+            ", expected >= 0");
+    check(c[0] <= 1, "block_optimizer::load: optim.counters[0] (started) is ", c[0],
+          ", expected 0 or 1");
+    check(c[7] >= 1, "block_optimizer::load: optim.counters[7] (switch_every) is ", c[7],
+          ", expected >= 1");
+    check(static_cast<std::int64_t>(seq.size()) <= nb, "block_optimizer::load: optim.sequence has ",
+          seq.size(), " entries, more than the ", nb, " blocks");
+    if (c[0] != 0) {
+      check(c[5] < static_cast<std::int64_t>(seq.size()),
+            "block_optimizer::load: optim.counters[5] (position) is ", c[5],
+            ", outside the saved sequence of ", seq.size(), " blocks");
+      check(seq[static_cast<std::size_t>(c[5])] == c[1],
+            "block_optimizer::load: optim.counters[1] (active block) is ", c[1],
+            ", but the saved sequence has block ", seq[static_cast<std::size_t>(c[5])],
+            " at position ", c[5]);
+    }
     std::istringstream in(get("optim.rng"));
     in >> rng_;
     check(!in.fail(), "block_optimizer::load: bad saved generator state");
@@ -289,9 +312,12 @@ class block_optimizer {
         auto bufs = state_.buffers(i);
         for (std::size_t k = 0; k < bufs.size(); ++k) {
           std::vector<T> h(static_cast<std::size_t>(bufs[k].size()));
-          r.template read<T>(
-              "optim.state." + params.name(state_.param_id(i)) + "." + std::to_string(k),
-              std::span<T>(h));
+          const std::string name =
+              "optim.state." + params.name(state_.param_id(i)) + "." + std::to_string(k);
+          r.template read<T>(name, std::span<T>(h));
+          for (std::size_t e = 0; e < h.size(); ++e)
+            check(std::isfinite(static_cast<double>(h[e])), "block_optimizer::load: tensor '", name,
+                  "' holds ", h[e], " at index ", e, " (not finite)");
           params.backend().upload(std::span<const T>(h), bufs[k].span());
         }
       }

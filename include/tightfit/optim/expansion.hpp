@@ -256,6 +256,8 @@ class lora_expansion_runner {
     check(steps.size() == layers_.size(), "lora_expansion: the saved state has ", steps.size(),
           " layers, expected ", layers_.size());
     for (std::size_t l = 0; l < layers_.size(); ++l) {
+      check(steps[l] >= 0, "lora_expansion: optim.lora.steps[", l, "] is ", steps[l],
+            ", expected >= 0");
       layers_[l].steps = steps[l];
       for (auto& a : layers_[l].adapters) {
         const std::string p = "optim.lora." + params.name(a.id) + ".";
@@ -312,6 +314,9 @@ class lora_expansion_runner {
   void get(const R& r, const std::string& name, buffer_t<B>& b) {
     std::vector<T> h(static_cast<std::size_t>(b.size()));
     r.template read<T>(name, std::span<T>(h));
+    for (std::size_t e = 0; e < h.size(); ++e)
+      check(std::isfinite(static_cast<double>(h[e])), "lora_expansion: tensor '", name, "' holds ",
+            h[e], " at index ", e, " (not finite)");
     model_->parameters().backend().upload(std::span<const T>(h), b.span());
   }
 

@@ -1,0 +1,196 @@
+// tightfit/backend/detail/cuda_runtime.hpp: host-side CUDA plumbing of the CUDA backend: error
+// checks that turn CUDA and cuBLAS status codes into tightfit::error, the counted device buffer,
+// and the lazily created device context (stream + cuBLAS handle).
+//
+// Plain C++ over the CUDA runtime API (no kernels), so it also compiles with the host compiler
+// (dist/nccl_communicator.hpp uses it). Invariants:
+//  - device memory comes from cudaMallocAsync on the backend's stream (the stream-ordered pool;
+//    never managed memory) and is counted in the backend's memory_counter;
+//  - a buffer must not outlive the backend (its stream) that allocated it;
+//  - nothing touches the device before cuda_context::ensure(), so a kernel whose shape check
+//    fails throws before any CUDA call, and constructing a backend needs no device.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <utility>
+
+#include "tightfit/core/error.hpp"
+#include "tightfit/core/memory.hpp"
+#include "tightfit/core/types.hpp"
+#include "tightfit/core/view.hpp"
+
+namespace tightfit::detail {
+
+/// Throws tightfit::error "<what>: CUDA error <name>: <text>" unless code == cudaSuccess.
+inline void cuda_check(cudaError_t code, const char* what) {
+  if (code != cudaSuccess)
+    fail(what, ": CUDA error ", cudaGetErrorName(code), ": ", cudaGetErrorString(code));
+}
+
+/// Throws tightfit::error "<what>: cuBLAS error <name>" unless status == CUBLAS_STATUS_SUCCESS.
+inline void cublas_check(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    fail(what, ": cuBLAS error ", cublasGetStatusName(status), ": ", cublasGetStatusString(status));
+}
+
+/// Number of CUDA devices visible to this process (0 when there is no driver or no device).
+inline int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return n;
+}
+
+/// The device, stream and cuBLAS handle of one backend, created on first use.
+class cuda_context {
+ public:
+  explicit cuda_context(int device) : device_(device) {}
+  cuda_context(const cuda_context&) = delete;
+  cuda_context& operator=(const cuda_context&) = delete;
+  ~cuda_context() {
+    if (blas_ != nullptr) cublasDestroy(blas_);
+    if (stream_ != nullptr) {
+      cudaStreamSynchronize(stream_);
+      cudaStreamDestroy(stream_);
+    }
+  }
+
+  /// Creates the stream and the cuBLAS handle on the first call; throws tightfit::error when
+  /// the device is missing.
+  void ensure() {
+    if (stream_ != nullptr) return;
+    const int count = cuda_device_count();
+    check(count > 0, "cuda_backend: no CUDA device is available (cudaGetDeviceCount found none)");
+    check(device_ >= 0 && device_ < count, "cuda_backend: device is ", device_,
+          ", expected in [0, ", count, ")");
+    cuda_check(cudaSetDevice(device_), "cudaSetDevice");
+    cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    cublas_check(cublasCreate(&blas_), "cublasCreate");
+    cublas_check(cublasSetStream(blas_, stream_), "cublasSetStream");
+    // Keep freed blocks in the stream-ordered pool (a caching allocator) instead of returning
+    // them to the driver at every synchronisation.
+    cudaMemPool_t pool = nullptr;
+    cuda_check(cudaDeviceGetDefaultMemPool(&pool, device_), "cudaDeviceGetDefaultMemPool");
+    std::uint64_t keep = UINT64_MAX;
+    cuda_check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
+               "cudaMemPoolSetAttribute");
+    cudaDeviceProp prop{};
+    cuda_check(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
+    max_shared_ = static_cast<std::size_t>(prop.sharedMemPerBlockOptin);
+    sm_count_ = prop.multiProcessorCount;
+  }
+  bool started() const { return stream_ != nullptr; }
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+  cublasHandle_t blas() const { return blas_; }
+  /// Largest dynamic shared memory a kernel may opt in to (bytes).
+  std::size_t max_shared() const { return max_shared_; }
+  int sm_count() const { return sm_count_; }
+  /// Waits for every operation queued on the stream; throws a pending kernel error.
+  void synchronize() {
+    if (stream_ == nullptr) return;
+    cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+
+ private:
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  std::size_t max_shared_ = 0;
+  int sm_count_ = 0;
+};
+
+/// An owning, zero-initialised device array of n elements, counted by a memory_counter and
+/// allocated stream-ordered (cudaMallocAsync) on the backend's stream. Move-only.
+template <class T>
+class cuda_buffer {
+ public:
+  cuda_buffer() = default;
+  cuda_buffer(memory_counter& counter, cudaStream_t stream, index_t count)
+      : counter_(&counter), stream_(stream), size_(count) {
+    check(count >= 0, "cuda_buffer: element count is ", count, ", expected >= 0");
+    if (count == 0) return;
+    void* p = nullptr;
+    cuda_check(cudaMallocAsync(&p, bytes(), stream_), "cudaMallocAsync");
+    data_ = static_cast<T*>(p);
+    cuda_check(cudaMemsetAsync(p, 0, bytes(), stream_), "cudaMemsetAsync");
+    counter_->on_allocate(bytes());
+  }
+  cuda_buffer(cuda_buffer&& o) noexcept
+      : counter_(std::exchange(o.counter_, nullptr)),
+        stream_(std::exchange(o.stream_, nullptr)),
+        data_(std::exchange(o.data_, nullptr)),
+        size_(std::exchange(o.size_, 0)) {}
+  cuda_buffer& operator=(cuda_buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      counter_ = std::exchange(o.counter_, nullptr);
+      stream_ = std::exchange(o.stream_, nullptr);
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  cuda_buffer(const cuda_buffer&) = delete;
+  cuda_buffer& operator=(const cuda_buffer&) = delete;
+  ~cuda_buffer() { release(); }
+
+  T* data() const { return data_; }
+  index_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  std::span<T> span() const { return {data_, static_cast<std::size_t>(size_)}; }
+  /// The buffer seen as a contiguous (rows, cols) matrix; rows * cols must equal size().
+  matrix_view<T> view(index_t rows, index_t cols) const { return as_matrix(span(), rows, cols); }
+  /// The buffer seen as (batch, rows, cols).
+  tensor3_view<T> view(index_t batch, index_t rows, index_t cols) const {
+    check(batch * rows * cols == size_, "cuda_buffer::view: ", size_,
+          " elements cannot be seen as ", batch, "x", rows, "x", cols);
+    return {data_, batch, rows, cols};
+  }
+  void reset() { release(); }
+
+ private:
+  std::size_t bytes() const { return static_cast<std::size_t>(size_) * sizeof(T); }
+  void release() {
+    if (data_ != nullptr) {
+      cudaFreeAsync(data_, stream_);  // stream-ordered: after every queued use
+      counter_->on_free(bytes());
+    }
+    data_ = nullptr;
+    size_ = 0;
+  }
+  memory_counter* counter_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  T* data_ = nullptr;
+  index_t size_ = 0;
+};
+
+/// A view of the same extents over another element type, for the shape checks only (they read
+/// extents and compare the pointer with null, never an element): lets a bf16 backend reuse the
+/// reference backend's checks, typed by its accumulation type, with the same messages.
+template <class To, class From>
+matrix_view<To> retype(const matrix_view<From>& v) {
+  return {reinterpret_cast<To*>(v.data), v.rows, v.cols, v.stride};  // NOLINT: never read
+}
+template <class To, class From>
+tensor3_view<To> retype(const tensor3_view<From>& v) {
+  return {reinterpret_cast<To*>(v.data),
+          v.batch,
+          v.rows,
+          v.cols,
+          v.batch_stride,  // NOLINT
+          v.row_stride};
+}
+template <class To, class From>
+std::span<To> retype(std::span<From> s) {
+  return {reinterpret_cast<To*>(s.data()), s.size()};  // NOLINT: never read
+}
+
+}  // namespace tightfit::detail
