@@ -10,7 +10,9 @@
 // recomputes (under `full` it keeps nothing, so full behaves as checkpoint for it).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <span>
 #include <vector>
 
 #include "tightfit/nn/layer.hpp"

@@ -1,5 +1,5 @@
-// Tests of io/hf.hpp: config.json of Llama / Qwen2 / Qwen3 (samples modelled on real
-// checkpoints: TinyLlama-1.1B, Qwen2.5-0.5B, Qwen3-0.6B) and the refusals; weights and
+// Tests of io/hf.hpp and nn/hf_model.hpp: config.json of Llama / Qwen2 / Qwen3 (samples modelled on
+// real checkpoints: TinyLlama-1.1B, Qwen2.5-0.5B, Qwen3-0.6B) and the refusals; weights and
 // gradients by Hugging Face names, single-file and sharded, tied embeddings, dtype conversion.
 #include <doctest/doctest.h>
 
