@@ -11,7 +11,7 @@
 //     and gradients subtracted from the budget first);
 //  4. one SFT gradient at T = --seq with checkpoint and with stream (--chunk), on --layers
 //     layers (36 is the real model; fewer to fit a time budget): seconds and counted peak bytes.
-// Prints a table; --csv FILE writes section,name,value,unit rows.
+// Prints a table; --csv FILE writes section,name,value,unit rows (each as soon as measured).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -37,19 +37,28 @@ using bf16 = __nv_bfloat16;
 namespace {
 
 struct options {
-  index_t seq = 32768, attn_seq = 16384, layers = 36, chunk = 2048;
+  index_t seq = 32768, attn_seq = 8192, layers = 36, chunk = 2048;
   double budget_gib = 80;
   std::string csv;
   bool model = true;
 };
 
+/// Prints each result and appends it to the CSV at once (a run cut short keeps its rows).
 struct report {
-  std::vector<std::string> rows;
+  std::ofstream csv;
+  explicit report(const std::string& path) {
+    if (path.empty()) return;
+    csv.open(path);
+    if (!csv) throw error("bench_cuda: cannot write " + path);
+    csv.precision(10);
+    csv << "section,name,value,unit\n" << std::flush;
+  }
   void add(const std::string& section, const std::string& name, double value,
            const std::string& unit) {
-    std::printf("%-12s %-44s %16.4f %s\n", section.c_str(), name.c_str(), value, unit.c_str());
+    std::printf("%-12s %-52s %16.4f %s\n", section.c_str(), name.c_str(), value, unit.c_str());
     std::fflush(stdout);
-    rows.push_back(section + "," + name + "," + std::to_string(value) + "," + unit);
+    if (csv.is_open())
+      csv << section << "," << name << "," << value << "," << unit << "\n" << std::flush;
   }
 };
 
@@ -228,8 +237,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  report r;
   try {
+    report r(o.csv);
     planner(r, o);  // host only
     if (cuda_backend<bf16>::device_count() == 0) {
       std::printf("bench_cuda: no CUDA device: the GPU sections are skipped\n");
@@ -240,17 +249,7 @@ int main(int argc, char** argv) {
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_cuda: %s\n", e.what());
-    if (!o.csv.empty()) {
-      std::ofstream out(o.csv);
-      out << "section,name,value,unit\n";
-      for (const auto& row : r.rows) out << row << "\n";
-    }
     return 1;
-  }
-  if (!o.csv.empty()) {
-    std::ofstream out(o.csv);
-    out << "section,name,value,unit\n";
-    for (const auto& row : r.rows) out << row << "\n";
   }
   return 0;
 }
