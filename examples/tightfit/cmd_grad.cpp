@@ -1,6 +1,5 @@
-// tightfit grad: loss and every parameter gradient of a Hugging Face checkpoint
-// on a batch, under a StreamBP schedule. Prints one JSON line; writes the
-// gradients (HF names) to --out.
+// tightfit grad: loss and every parameter gradient of a Hugging Face checkpoint on a batch,
+// under a StreamBP schedule. Prints one JSON line; writes the gradients (HF names) to --out.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -23,34 +22,23 @@ namespace tightfit::cli {
 
 namespace {
 
-constexpr const char *grad_usage =
+constexpr const char* grad_usage =
     "usage: tightfit grad --model DIR --batch FILE [--objective sft|grpo|dpo]\n"
-    "                     [--schedule full|checkpoint|stream] [--chunk N|auto] "
-    "[--budget BYTES]\n"
-    "                     [--dtype f32|f64] [--out FILE] [--head-chunk ROWS] "
-    "[--temperature T]\n"
-    "                     [--beta B] [--epsilon-low E] [--epsilon-high E] "
-    "[--loss-type NAME]\n"
+    "                     [--schedule full|checkpoint|stream] [--chunk N|auto] [--budget BYTES]\n"
+    "                     [--dtype f32|f64] [--out FILE] [--head-chunk ROWS] [--temperature T]\n"
+    "                     [--beta B] [--epsilon-low E] [--epsilon-high E] [--loss-type NAME]\n"
     "                     [--label-smoothing S] [--max-completion-length L]\n"
-    "  The batch is a safetensors file in the Hugging Face convention (labels "
-    "unshifted,\n"
+    "  The batch is a safetensors file in the Hugging Face convention (labels unshifted,\n"
     "  -100 ignored, right padding):\n"
-    "    sft:  input_ids (B,T), labels (B,T), optional attention_mask (B,T) or "
-    "lengths (B)\n"
-    "    grpo: the same plus advantages (B), optional old_logprobs and "
-    "ref_logprobs (B,T)\n"
+    "    sft:  input_ids (B,T), labels (B,T), optional attention_mask (B,T) or lengths (B)\n"
+    "    grpo: the same plus advantages (B), optional old_logprobs and ref_logprobs (B,T)\n"
     "          aligned with labels (entry t is the log-prob of labels[t])\n"
-    "    dpo:  chosen_input_ids, chosen_labels, rejected_input_ids, "
-    "rejected_labels (P,T),\n"
-    "          optional chosen_attention_mask, rejected_attention_mask (P,T), "
-    "and\n"
+    "    dpo:  chosen_input_ids, chosen_labels, rejected_input_ids, rejected_labels (P,T),\n"
+    "          optional chosen_attention_mask, rejected_attention_mask (P,T), and\n"
     "          ref_chosen_logps, ref_rejected_logps (P)\n"
-    "  Loss types: grpo|bnpo|dr_grpo (grpo), sigmoid|ipo|hinge (dpo). --chunk "
-    "auto picks the\n"
-    "  largest power-of-two chunk whose StreamBP peak fits --budget (default "
-    "4G).\n"
-    "  Prints one JSON line: loss, schedule, chunk, peak_activation_bytes, "
-    "seconds, ...\n";
+    "  Loss types: grpo|bnpo|dr_grpo (grpo), sigmoid|ipo|hinge (dpo). --chunk auto picks the\n"
+    "  largest power-of-two chunk whose StreamBP peak fits --budget (default 4G).\n"
+    "  Prints one JSON line: loss, schedule, chunk, peak_activation_bytes, seconds, ...\n";
 
 /// A (B, T) integer tensor of the batch file, or an error naming it.
 struct int_matrix {
@@ -58,69 +46,60 @@ struct int_matrix {
   std::vector<std::int64_t> data;
 };
 
-int_matrix read_int_matrix(const safetensors_file &f, const std::string &name) {
+int_matrix read_int_matrix(const safetensors_file& f, const std::string& name) {
   check(f.contains(name), f.source(), ": the batch has no tensor '", name, "'");
-  const auto &info = f.info(name);
-  check(info.shape.size() == 2, f.source(), ": tensor '", name, "' has ",
-        info.shape.size(), " dimensions, expected 2 (B, T)");
+  const auto& info = f.info(name);
+  check(info.shape.size() == 2, f.source(), ": tensor '", name, "' has ", info.shape.size(),
+        " dimensions, expected 2 (B, T)");
   return {info.shape[0], info.shape[1], f.read_ints(name)};
 }
 
-std::vector<double> read_floats(const safetensors_file &f,
-                                const std::string &name, index_t expected) {
+std::vector<double> read_floats(const safetensors_file& f, const std::string& name,
+                                index_t expected) {
   check(f.contains(name), f.source(), ": the batch has no tensor '", name, "'");
   auto v = f.template read<double>(name);
-  check(static_cast<index_t>(v.size()) == expected, f.source(), ": tensor '",
-        name, "' has ", v.size(), " elements, expected ", expected);
+  check(static_cast<index_t>(v.size()) == expected, f.source(), ": tensor '", name, "' has ",
+        v.size(), " elements, expected ", expected);
   return v;
 }
 
-/// Valid lengths from an attention mask (right padding only) or a lengths
-/// tensor.
-std::vector<index_t> read_lengths(const safetensors_file &f,
-                                  const std::string &mask_name,
-                                  const std::string &lengths_name, index_t b,
-                                  index_t t) {
+/// Valid lengths from an attention mask (right padding only) or a lengths tensor.
+std::vector<index_t> read_lengths(const safetensors_file& f, const std::string& mask_name,
+                                  const std::string& lengths_name, index_t b, index_t t) {
   std::vector<index_t> lengths;
   if (f.contains(mask_name)) {
     const auto m = read_int_matrix(f, mask_name);
-    check(m.rows == b && m.cols == t, f.source(), ": ", mask_name, " is (",
-          m.rows, ", ", m.cols, "), expected (", b, ", ", t, ")");
+    check(m.rows == b && m.cols == t, f.source(), ": ", mask_name, " is (", m.rows, ", ", m.cols,
+          "), expected (", b, ", ", t, ")");
     for (index_t r = 0; r < b; ++r) {
       index_t len = 0;
-      while (len < t && m.data[static_cast<std::size_t>(r * t + len)] != 0)
-        ++len;
+      while (len < t && m.data[static_cast<std::size_t>(r * t + len)] != 0) ++len;
       for (index_t p = len; p < t; ++p)
-        check(m.data[static_cast<std::size_t>(r * t + p)] == 0, f.source(),
-              ": ", mask_name, " row ", r,
-              " is not right padding (a 1 at position ", p, " after a 0)");
-      check(len >= 1, f.source(), ": ", mask_name, " row ", r,
-            " has no valid position");
+        check(m.data[static_cast<std::size_t>(r * t + p)] == 0, f.source(), ": ", mask_name,
+              " row ", r, " is not right padding (a 1 at position ", p, " after a 0)");
+      check(len >= 1, f.source(), ": ", mask_name, " row ", r, " has no valid position");
       lengths.push_back(len);
     }
   } else if (!lengths_name.empty() && f.contains(lengths_name)) {
     const auto l = f.read_ints(lengths_name);
-    check(static_cast<index_t>(l.size()) == b, f.source(), ": ", lengths_name,
-          " has ", l.size(), " entries, expected ", b);
+    check(static_cast<index_t>(l.size()) == b, f.source(), ": ", lengths_name, " has ", l.size(),
+          " entries, expected ", b);
     lengths.assign(l.begin(), l.end());
   }
   return lengths;
 }
 
-/// Per-token values aligned with labels (entry t belongs to labels[t]) to
-/// target alignment (entry t belongs to the token predicted at position t, i.e.
-/// labels[t + 1]).
-std::vector<double> shift_values(const std::vector<double> &v, index_t b,
-                                 index_t t) {
+/// Per-token values aligned with labels (entry t belongs to labels[t]) to target alignment
+/// (entry t belongs to the token predicted at position t, i.e. labels[t + 1]).
+std::vector<double> shift_values(const std::vector<double>& v, index_t b, index_t t) {
   std::vector<double> out(v.size(), 0.0);
   for (index_t r = 0; r < b; ++r)
     for (index_t p = 0; p + 1 < t; ++p)
-      out[static_cast<std::size_t>(r * t + p)] =
-          v[static_cast<std::size_t>(r * t + p + 1)];
+      out[static_cast<std::size_t>(r * t + p)] = v[static_cast<std::size_t>(r * t + p + 1)];
   return out;
 }
 
-std::size_t parse_budget(const std::string &s) {
+std::size_t parse_budget(const std::string& s) {
   std::size_t scale = 1;
   std::string digits = s;
   if (!s.empty() && (s.back() == 'G' || s.back() == 'M' || s.back() == 'K')) {
@@ -134,7 +113,8 @@ std::size_t parse_budget(const std::string &s) {
   }
 }
 
-template <class T> int run_grad(const arguments &a) {
+template <class T>
+int run_grad(const arguments& a) {
   using backend = eigen_backend<T>;
   const std::filesystem::path model_dir = a.get("--model");
   const model_config cfg = load_hf_config(model_dir);
@@ -153,10 +133,9 @@ template <class T> int run_grad(const arguments &a) {
     const auto cl = read_int_matrix(batch_file, "chosen_labels");
     const auto ri = read_int_matrix(batch_file, "rejected_input_ids");
     const auto rl = read_int_matrix(batch_file, "rejected_labels");
-    check(ci.rows == cl.rows && ci.cols == cl.cols && ri.rows == ci.rows &&
-              rl.rows == ci.rows && ri.cols == ci.cols && rl.cols == ci.cols,
-          batch_file.source(),
-          ": chosen/rejected input_ids and labels must all be (P, T); got (",
+    check(ci.rows == cl.rows && ci.cols == cl.cols && ri.rows == ci.rows && rl.rows == ci.rows &&
+              ri.cols == ci.cols && rl.cols == ci.cols,
+          batch_file.source(), ": chosen/rejected input_ids and labels must all be (P, T); got (",
           ci.rows, ", ", ci.cols, ") and (", ri.rows, ", ", ri.cols, ")");
     const index_t p = ci.rows;
     b = 2 * p;
@@ -168,10 +147,8 @@ template <class T> int run_grad(const arguments &a) {
     auto lc = read_lengths(batch_file, "chosen_attention_mask", "", p, t);
     auto lr = read_lengths(batch_file, "rejected_attention_mask", "", p, t);
     if (!lc.empty() || !lr.empty()) {
-      if (lc.empty())
-        lc.assign(static_cast<std::size_t>(p), t);
-      if (lr.empty())
-        lr.assign(static_cast<std::size_t>(p), t);
+      if (lc.empty()) lc.assign(static_cast<std::size_t>(p), t);
+      if (lr.empty()) lr.assign(static_cast<std::size_t>(p), t);
       lengths = lc;
       lengths.insert(lengths.end(), lr.begin(), lr.end());
     }
@@ -182,9 +159,8 @@ template <class T> int run_grad(const arguments &a) {
   } else {
     const auto in = read_int_matrix(batch_file, "input_ids");
     const auto lab = read_int_matrix(batch_file, "labels");
-    check(in.rows == lab.rows && in.cols == lab.cols, batch_file.source(),
-          ": labels is (", lab.rows, ", ", lab.cols, "), expected (", in.rows,
-          ", ", in.cols, ") like input_ids");
+    check(in.rows == lab.rows && in.cols == lab.cols, batch_file.source(), ": labels is (",
+          lab.rows, ", ", lab.cols, "), expected (", in.rows, ", ", in.cols, ") like input_ids");
     b = in.rows;
     t = in.cols;
     ids = in.data;
@@ -201,8 +177,7 @@ template <class T> int run_grad(const arguments &a) {
   if (a.get("--chunk", "512") == "auto") {
     const std::size_t budget = parse_budget(a.get("--budget", "4G"));
     const auto plan = plan_memory<T>(cfg, b, t, budget, sft_loss{}, 0, t);
-    check(plan.chunk >= 1,
-          "--chunk auto: even chunk 1 needs more than the budget of ", budget,
+    check(plan.chunk >= 1, "--chunk auto: even chunk 1 needs more than the budget of ", budget,
           " bytes at T = ", t);
     opt.chunk = plan.chunk;
   } else {
@@ -240,14 +215,11 @@ template <class T> int run_grad(const arguments &a) {
     dpo_loss loss(chosen, rejected, ref_w, ref_l, dopt);
     result = compute_gradients(model, batch, loss, opt);
   } else {
-    throw usage_error{"--objective expects sft, grpo or dpo, got '" +
-                      objective + "'"};
+    throw usage_error{"--objective expects sft, grpo or dpo, got '" + objective + "'"};
   }
   const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
-  if (a.has("--out"))
-    save_gradients(a.get("--out"), model.parameters());
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (a.has("--out")) save_gradients(a.get("--out"), model.parameters());
 
   nlohmann::json out;
   out["loss"] = result.loss;
@@ -261,47 +233,40 @@ template <class T> int run_grad(const arguments &a) {
   out["peak_bytes"] = result.peak_bytes;
   out["seconds"] = seconds;
   out["forward_seconds"] = result.forward_seconds;
-  if (a.has("--out"))
-    out["gradients"] = a.get("--out");
+  if (a.has("--out")) out["gradients"] = a.get("--out");
   std::printf("%s\n", out.dump().c_str());
   return 0;
 }
 
-} // namespace
+}  // namespace
 
-int grad(int argc, char **argv) {
+int grad(int argc, char** argv) {
   return with_arguments(
       argc, argv,
-      {"--model", "--batch", "--objective", "--schedule", "--chunk", "--budget",
-       "--dtype", "--out", "--head-chunk", "--temperature", "--beta",
-       "--epsilon-low", "--epsilon-high", "--loss-type", "--label-smoothing",
-       "--max-completion-length"},
-      {}, grad_usage, [](const arguments &a) {
+      {"--model", "--batch", "--objective", "--schedule", "--chunk", "--budget", "--dtype", "--out",
+       "--head-chunk", "--temperature", "--beta", "--epsilon-low", "--epsilon-high", "--loss-type",
+       "--label-smoothing", "--max-completion-length"},
+      {}, grad_usage, [](const arguments& a) {
         if (!a.has("--model") || !a.has("--batch"))
           throw usage_error{"--model and --batch are required"};
         // names are argument errors (exit 2), checked before any file is read
         const std::string objective = a.get("--objective", "sft");
         if (objective != "sft" && objective != "grpo" && objective != "dpo")
-          throw usage_error{"--objective expects sft, grpo or dpo, got '" +
-                            objective + "'"};
+          throw usage_error{"--objective expects sft, grpo or dpo, got '" + objective + "'"};
         try {
           parse_backward_schedule(a.get("--schedule", "stream"));
           if (a.has("--loss-type")) {
-            if (objective == "grpo")
-              parse_grpo_aggregation(a.get("--loss-type"));
-            if (objective == "dpo")
-              parse_dpo_loss_type(a.get("--loss-type"));
+            if (objective == "grpo") parse_grpo_aggregation(a.get("--loss-type"));
+            if (objective == "dpo") parse_dpo_loss_type(a.get("--loss-type"));
           }
-        } catch (const error &e) {
+        } catch (const error& e) {
           throw usage_error{e.what()};
         }
         const std::string dtype = a.get("--dtype", "f32");
-        if (dtype == "f32")
-          return run_grad<float>(a);
-        if (dtype == "f64")
-          return run_grad<double>(a);
+        if (dtype == "f32") return run_grad<float>(a);
+        if (dtype == "f64") return run_grad<double>(a);
         throw usage_error{"--dtype expects f32 or f64, got '" + dtype + "'"};
       });
 }
 
-} // namespace tightfit::cli
+}  // namespace tightfit::cli

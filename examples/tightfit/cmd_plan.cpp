@@ -1,5 +1,4 @@
-// tightfit plan: the memory planner (stream/planner.hpp) for a model and a byte
-// budget.
+// tightfit plan: the memory planner (stream/planner.hpp) for a model and a byte budget.
 #include <cstdio>
 #include <string>
 
@@ -14,119 +13,94 @@ namespace tightfit::cli {
 
 namespace {
 
-constexpr const char *plan_usage =
-    "usage: tightfit plan (--model DIR | --preset NAME) --seq T --budget BYTES "
-    "[--batch B]\n"
+constexpr const char* plan_usage =
+    "usage: tightfit plan (--model DIR | --preset NAME) --seq T --budget BYTES [--batch B]\n"
     "                     [--dtype f32|f64] [--chunk N] [--max-seq N]\n"
-    "  BYTES accepts a suffix K, M, G (powers of 1024). Prints the largest "
-    "power-of-two chunk\n"
-    "  whose StreamBP peak fits at T, and the largest T each schedule reaches "
-    "within the budget\n"
-    "  (activation bytes: parameters and gradients not included). Presets: "
-    "qwen3-bench, small,\n"
+    "  BYTES accepts a suffix K, M, G (powers of 1024). Prints the largest power-of-two chunk\n"
+    "  whose StreamBP peak fits at T, and the largest T each schedule reaches within the budget\n"
+    "  (activation bytes: parameters and gradients not included). Presets: qwen3-bench, small,\n"
     "  qwen3-0.6b, qwen3-4b, qwen3-8b, qwen2.5-0.5b, qwen2.5-7b, llama3-8b.\n";
 
-std::size_t parse_bytes(const std::string &s) {
-  if (s.empty())
-    throw usage_error{"--budget is empty"};
+std::size_t parse_bytes(const std::string& s) {
+  if (s.empty()) throw usage_error{"--budget is empty"};
   std::size_t scale = 1;
   std::string digits = s;
   switch (s.back()) {
-  case 'K':
-  case 'k':
-    scale = std::size_t{1} << 10;
-    digits.pop_back();
-    break;
-  case 'M':
-  case 'm':
-    scale = std::size_t{1} << 20;
-    digits.pop_back();
-    break;
-  case 'G':
-  case 'g':
-    scale = std::size_t{1} << 30;
-    digits.pop_back();
-    break;
-  default:
-    break;
+    case 'K':
+    case 'k':
+      scale = std::size_t{1} << 10;
+      digits.pop_back();
+      break;
+    case 'M':
+    case 'm':
+      scale = std::size_t{1} << 20;
+      digits.pop_back();
+      break;
+    case 'G':
+    case 'g':
+      scale = std::size_t{1} << 30;
+      digits.pop_back();
+      break;
+    default:
+      break;
   }
   try {
     std::size_t used = 0;
     const double v = std::stod(digits, &used);
-    if (used == digits.size() && v > 0)
-      return static_cast<std::size_t>(v * double(scale));
+    if (used == digits.size() && v > 0) return static_cast<std::size_t>(v * double(scale));
   } catch (...) {
   }
   throw usage_error{"--budget expects a byte count like 8G, got '" + s + "'"};
 }
 
 template <class T>
-int run_plan(const model_config &cfg, index_t batch, index_t seq,
-             std::size_t budget, index_t chunk, index_t max_seq,
-             const char *dtype) {
-  const auto p =
-      plan_memory<T>(cfg, batch, seq, budget, sft_loss{}, chunk, max_seq);
-  std::printf(
-      "model: %s d=%lld L=%lld H=%lld/%lld hd=%lld f=%lld V=%lld, %s, B=%lld\n",
-      cfg.architecture.c_str(), static_cast<long long>(cfg.hidden_size),
-      static_cast<long long>(cfg.num_hidden_layers),
-      static_cast<long long>(cfg.num_attention_heads),
-      static_cast<long long>(cfg.num_key_value_heads),
-      static_cast<long long>(cfg.head_dim),
-      static_cast<long long>(cfg.intermediate_size),
-      static_cast<long long>(cfg.vocab_size), dtype,
-      static_cast<long long>(batch));
+int run_plan(const model_config& cfg, index_t batch, index_t seq, std::size_t budget, index_t chunk,
+             index_t max_seq, const char* dtype) {
+  const auto p = plan_memory<T>(cfg, batch, seq, budget, sft_loss{}, chunk, max_seq);
+  std::printf("model: %s d=%lld L=%lld H=%lld/%lld hd=%lld f=%lld V=%lld, %s, B=%lld\n",
+              cfg.architecture.c_str(), static_cast<long long>(cfg.hidden_size),
+              static_cast<long long>(cfg.num_hidden_layers),
+              static_cast<long long>(cfg.num_attention_heads),
+              static_cast<long long>(cfg.num_key_value_heads), static_cast<long long>(cfg.head_dim),
+              static_cast<long long>(cfg.intermediate_size), static_cast<long long>(cfg.vocab_size),
+              dtype, static_cast<long long>(batch));
   std::printf("budget: %.1f MiB of activations\n", double(budget) / 1048576.0);
   if (p.chunk > 0)
-    std::printf("chunk at T=%lld: %lld (peak %.1f MiB)\n",
-                static_cast<long long>(seq), static_cast<long long>(p.chunk),
-                double(p.chunk_peak_bytes) / 1048576.0);
+    std::printf("chunk at T=%lld: %lld (peak %.1f MiB)\n", static_cast<long long>(seq),
+                static_cast<long long>(p.chunk), double(p.chunk_peak_bytes) / 1048576.0);
   else
-    std::printf(
-        "chunk at T=%lld: none fits (even chunk 1 exceeds the budget)\n",
-        static_cast<long long>(seq));
-  std::printf(
-      "largest T: full %lld, checkpoint %lld, stream %lld (chunk %lld)\n",
-      static_cast<long long>(p.max_seq_full),
-      static_cast<long long>(p.max_seq_checkpoint),
-      static_cast<long long>(p.max_seq_stream),
-      static_cast<long long>(p.stream_chunk));
+    std::printf("chunk at T=%lld: none fits (even chunk 1 exceeds the budget)\n",
+                static_cast<long long>(seq));
+  std::printf("largest T: full %lld, checkpoint %lld, stream %lld (chunk %lld)\n",
+              static_cast<long long>(p.max_seq_full), static_cast<long long>(p.max_seq_checkpoint),
+              static_cast<long long>(p.max_seq_stream), static_cast<long long>(p.stream_chunk));
   if (p.max_seq_checkpoint > 0)
     std::printf("stream / checkpoint sequence length: %.2fx\n",
                 double(p.max_seq_stream) / double(p.max_seq_checkpoint));
   return 0;
 }
 
-} // namespace
+}  // namespace
 
-int plan(int argc, char **argv) {
+int plan(int argc, char** argv) {
   return with_arguments(
       argc, argv,
-      {"--model", "--preset", "--seq", "--budget", "--batch", "--dtype",
-       "--chunk", "--max-seq"},
-      {}, plan_usage, [](const arguments &a) {
+      {"--model", "--preset", "--seq", "--budget", "--batch", "--dtype", "--chunk", "--max-seq"},
+      {}, plan_usage, [](const arguments& a) {
         if (a.has("--model") == a.has("--preset"))
-          throw usage_error{
-              "give exactly one of --model DIR and --preset NAME"};
+          throw usage_error{"give exactly one of --model DIR and --preset NAME"};
         if (!a.has("--seq") || !a.has("--budget"))
           throw usage_error{"--seq and --budget are required"};
-        const model_config cfg = a.has("--model")
-                                     ? load_hf_config(a.get("--model"))
-                                     : preset_config(a.get("--preset"));
-        const index_t seq = a.integer("--seq", 0),
-                      batch = a.integer("--batch", 1);
-        const index_t chunk = a.integer("--chunk", 0),
-                      max_seq = a.integer("--max-seq", 1 << 22);
+        const model_config cfg =
+            a.has("--model") ? load_hf_config(a.get("--model")) : preset_config(a.get("--preset"));
+        const index_t seq = a.integer("--seq", 0), batch = a.integer("--batch", 1);
+        const index_t chunk = a.integer("--chunk", 0), max_seq = a.integer("--max-seq", 1 << 22);
         const std::size_t budget = parse_bytes(a.get("--budget"));
         const std::string dtype = a.get("--dtype", "f32");
-        if (dtype == "f32")
-          return run_plan<float>(cfg, batch, seq, budget, chunk, max_seq,
-                                 "f32");
-        if (dtype == "f64")
-          return run_plan<double>(cfg, batch, seq, budget, chunk, max_seq,
-                                  "f64");
+        if (dtype == "f32") return run_plan<float>(cfg, batch, seq, budget, chunk, max_seq, "f32");
+        if (dtype == "f64") return run_plan<double>(cfg, batch, seq, budget, chunk, max_seq, "f64");
         throw usage_error{"--dtype expects f32 or f64, got '" + dtype + "'"};
       });
 }
 
-} // namespace tightfit::cli
+}  // namespace tightfit::cli

@@ -1,21 +1,19 @@
-// tightfit/nn/hf_model.hpp: Hugging Face models in and out: config.json <->
-// model_config, and weights / gradients of a parameter set by their Hugging
-// Face names, over the formats of io/hf.hpp and io/safetensors.hpp.
+// tightfit/nn/hf_model.hpp: Hugging Face models in and out: config.json <-> model_config, and
+// weights / gradients of a parameter set by their Hugging Face names, over the formats of
+// io/hf.hpp and io/safetensors.hpp.
 //
-// Supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM (by
-// "architectures"[0], or by "model_type" llama / qwen2 / qwen3). Refused with a
-// message naming the option: other architectures, rope_scaling other than the
-// default rope, sliding-window attention, mlp_bias true, hidden_act other than
-// silu. Attention biases: Qwen2 always has biases on q_proj / k_proj / v_proj
-// (the config does not announce them; model_config::qkv_bias); Llama and Qwen3
-// with attention_bias: true have them on q/k/v and o_proj (qkv_bias and
-// o_bias). A *.bias tensor the configuration does not call for is an error
-// naming it.
+// Supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM (by "architectures"[0], or
+// by "model_type" llama / qwen2 / qwen3). Refused with a message naming the option: other
+// architectures, rope_scaling other than the default rope, sliding-window attention,
+// mlp_bias true, hidden_act other than silu. Attention biases: Qwen2 always has biases on
+// q_proj / k_proj / v_proj (the config does not announce them; model_config::qkv_bias);
+// Llama and Qwen3 with attention_bias: true have them on q/k/v and o_proj (qkv_bias and
+// o_bias). A *.bias tensor the configuration does not call for is an error naming it.
 //
-// A checkpoint is a directory with model.safetensors, or with
-// model.safetensors.index.json whose "weight_map" names the shard of each
-// tensor (shards live beside the index). A tied model (tie_word_embeddings) has
-// no lm_head.weight parameter; a checkpoint that stores one anyway loads fine.
+// A checkpoint is a directory with model.safetensors, or with model.safetensors.index.json
+// whose "weight_map" names the shard of each tensor (shards live beside the index). A tied
+// model (tie_word_embeddings) has no lm_head.weight parameter; a checkpoint that stores one
+// anyway loads fine.
 #pragma once
 
 #include <algorithm>
@@ -46,47 +44,40 @@
 
 namespace tightfit {
 
-/// Reads a Hugging Face config.json (a file, or a directory holding
-/// config.json) of a LlamaForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM
-/// model. Throws tightfit::error naming the file and the field for malformed
-/// input and for options tightfit does not support.
-inline model_config load_hf_config(const std::filesystem::path &path) {
+/// Reads a Hugging Face config.json (a file, or a directory holding config.json) of a
+/// LlamaForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM model. Throws tightfit::error naming
+/// the file and the field for malformed input and for options tightfit does not support.
+inline model_config load_hf_config(const std::filesystem::path& path) {
   namespace fs = std::filesystem;
   const fs::path file = io::detail::is_dir(path) ? path / "config.json" : path;
   const nlohmann::json j = io::detail::read_json_file(file);
   const std::string src = file.string();
-  check(j.is_object(), src, ": is a JSON ", j.type_name(),
-        ", expected an object");
+  check(j.is_object(), src, ": is a JSON ", j.type_name(), ", expected an object");
   const io::detail::config_fields f(j, src);
 
   // Architecture: "architectures"[0], else "model_type".
   std::string arch;
   const auto model_type = f.string("model_type");
-  if (const nlohmann::json *a = f.find("architectures")) {
-    check(a->is_array() && !a->empty() && (*a)[0].is_string(), src,
-          ": field \"architectures\" is ", a->dump(),
-          ", expected a list of names");
+  if (const nlohmann::json* a = f.find("architectures")) {
+    check(a->is_array() && !a->empty() && (*a)[0].is_string(), src, ": field \"architectures\" is ",
+          a->dump(), ", expected a list of names");
     arch = (*a)[0].get<std::string>();
   } else {
     check(model_type.has_value(), src,
-          ": neither \"architectures\" nor \"model_type\" names the "
-          "architecture");
-    for (const auto &known : io::detail::hf_architectures)
-      if (*model_type == known.model_type)
-        arch = known.architecture;
+          ": neither \"architectures\" nor \"model_type\" names the architecture");
+    for (const auto& known : io::detail::hf_architectures)
+      if (*model_type == known.model_type) arch = known.architecture;
     check(!arch.empty(), src, ": model_type \"", *model_type,
           "\" is not supported (supported: llama, qwen2, qwen3)");
   }
-  const io::detail::hf_architecture *kind = nullptr;
-  for (const auto &known : io::detail::hf_architectures)
-    if (arch == known.architecture)
-      kind = &known;
+  const io::detail::hf_architecture* kind = nullptr;
+  for (const auto& known : io::detail::hf_architectures)
+    if (arch == known.architecture) kind = &known;
   check(kind != nullptr, src, ": architecture \"", arch,
-        "\" is not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM, "
-        "Qwen3ForCausalLM)");
+        "\" is not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)");
   check(!model_type || *model_type == kind->model_type, src, ": model_type \"",
-        model_type.value_or(""), "\" does not match architecture \"", arch,
-        "\" (expected \"", kind->model_type, "\")");
+        model_type.value_or(""), "\" does not match architecture \"", arch, "\" (expected \"",
+        kind->model_type, "\")");
   const bool qwen2 = arch == "Qwen2ForCausalLM";
 
   model_config c;
@@ -96,50 +87,45 @@ inline model_config load_hf_config(const std::filesystem::path &path) {
   c.intermediate_size = f.positive_int("intermediate_size");
   c.num_hidden_layers = f.positive_int("num_hidden_layers");
   c.num_attention_heads = f.positive_int("num_attention_heads");
-  c.num_key_value_heads =
-      f.positive_int("num_key_value_heads", c.num_attention_heads);
+  c.num_key_value_heads = f.positive_int("num_key_value_heads", c.num_attention_heads);
   if (f.find("head_dim") != nullptr) {
     c.head_dim = f.positive_int("head_dim");
   } else {
-    check(c.hidden_size % c.num_attention_heads == 0, src, ": hidden_size ",
-          c.hidden_size, " is not a multiple of num_attention_heads ",
-          c.num_attention_heads, " and head_dim is not given");
+    check(c.hidden_size % c.num_attention_heads == 0, src, ": hidden_size ", c.hidden_size,
+          " is not a multiple of num_attention_heads ", c.num_attention_heads,
+          " and head_dim is not given");
     c.head_dim = c.hidden_size / c.num_attention_heads;
   }
   c.rms_norm_eps = f.number("rms_norm_eps", 1e-6);
   c.rope_theta = f.number("rope_theta", 10000.0);
-  if (const nlohmann::json *rp = f.find("rope_parameters");
-      rp != nullptr && rp->is_object()) {
+  if (const nlohmann::json* rp = f.find("rope_parameters"); rp != nullptr && rp->is_object()) {
     // transformers >= 5 moves rope_theta into rope_parameters
     auto it = rp->find("rope_theta");
     if (f.find("rope_theta") == nullptr && it != rp->end()) {
-      check(it->is_number(), src, ": field \"rope_parameters.rope_theta\" is ",
-            it->dump(), ", expected a number");
+      check(it->is_number(), src, ": field \"rope_parameters.rope_theta\" is ", it->dump(),
+            ", expected a number");
       c.rope_theta = it->get<double>();
     }
   }
   c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
   c.qk_norm = arch == "Qwen3ForCausalLM";
-  // Attention biases as the transformers modules create them: Qwen2 q/k/v
-  // always (its attention_bias field, when present, is ignored by
-  // transformers), Llama / Qwen3 q/k/v/o when attention_bias is true.
+  // Attention biases as the transformers modules create them: Qwen2 q/k/v always (its
+  // attention_bias field, when present, is ignored by transformers), Llama / Qwen3 q/k/v/o
+  // when attention_bias is true.
   const bool attention_bias = !qwen2 && f.boolean("attention_bias", false);
   c.qkv_bias = qwen2 || attention_bias;
   c.o_bias = attention_bias;
 
   // Unsupported options.
   const std::string act = f.string("hidden_act").value_or("silu");
-  check(act == "silu", src, ": hidden_act \"", act,
-        "\" is not supported (expected \"silu\")");
+  check(act == "silu", src, ": hidden_act \"", act, "\" is not supported (expected \"silu\")");
   io::detail::check_default_rope(f, "rope_scaling");
   io::detail::check_default_rope(f, "rope_parameters");
-  check(
-      !f.boolean("use_sliding_window", false), src,
-      ": sliding-window attention (use_sliding_window: true) is not supported");
-  if (const nlohmann::json *lt = f.find("layer_types")) {
-    check(lt->is_array(), src, ": field \"layer_types\" is ", lt->dump(),
-          ", expected a list");
-    for (const auto &t : *lt)
+  check(!f.boolean("use_sliding_window", false), src,
+        ": sliding-window attention (use_sliding_window: true) is not supported");
+  if (const nlohmann::json* lt = f.find("layer_types")) {
+    check(lt->is_array(), src, ": field \"layer_types\" is ", lt->dump(), ", expected a list");
+    for (const auto& t : *lt)
       check(t == "full_attention", src, ": layer_types holds ", t.dump(),
             ", only \"full_attention\" layers are supported");
   }
@@ -148,39 +134,32 @@ inline model_config load_hf_config(const std::filesystem::path &path) {
 
   try {
     c.validate();
-  } catch (const error &e) {
+  } catch (const error& e) {
     fail(src, ": ", e.what());
   }
   return c;
 }
 
-/// Writes `c` as a Hugging Face config.json to `path` (a file, or an existing
-/// directory that receives config.json). transformers reads it with AutoConfig.
-inline void save_hf_config(const model_config &c,
-                           const std::filesystem::path &path) {
+/// Writes `c` as a Hugging Face config.json to `path` (a file, or an existing directory that
+/// receives config.json). transformers reads it with AutoConfig.
+inline void save_hf_config(const model_config& c, const std::filesystem::path& path) {
   namespace fs = std::filesystem;
   c.validate();
-  const io::detail::hf_architecture *kind = nullptr;
-  for (const auto &known : io::detail::hf_architectures)
-    if (c.architecture == known.architecture)
-      kind = &known;
+  const io::detail::hf_architecture* kind = nullptr;
+  for (const auto& known : io::detail::hf_architectures)
+    if (c.architecture == known.architecture) kind = &known;
   check(kind != nullptr, "save_hf_config: architecture \"", c.architecture,
-        "\" is not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM, "
-        "Qwen3ForCausalLM)");
+        "\" is not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)");
   const bool qwen3 = c.architecture == "Qwen3ForCausalLM";
   const bool qwen2 = c.architecture == "Qwen2ForCausalLM";
-  check(c.qk_norm == qwen3, "save_hf_config: qk_norm is ", c.qk_norm, ", but ",
-        c.architecture, qwen3 ? " always has" : " never has",
-        " q_norm / k_norm");
+  check(c.qk_norm == qwen3, "save_hf_config: qk_norm is ", c.qk_norm, ", but ", c.architecture,
+        qwen3 ? " always has" : " never has", " q_norm / k_norm");
   if (qwen2)
-    check(c.qkv_bias && !c.o_bias, "save_hf_config: qkv_bias is ", c.qkv_bias,
-          " and o_bias is ", c.o_bias,
-          ", but Qwen2ForCausalLM always has q/k/v biases and never an o_proj "
-          "bias");
+    check(c.qkv_bias && !c.o_bias, "save_hf_config: qkv_bias is ", c.qkv_bias, " and o_bias is ",
+          c.o_bias, ", but Qwen2ForCausalLM always has q/k/v biases and never an o_proj bias");
   else
-    check(c.qkv_bias == c.o_bias, "save_hf_config: qkv_bias is ", c.qkv_bias,
-          " and o_bias is ", c.o_bias, ", but ", c.architecture,
-          " has either both (attention_bias: true) or neither");
+    check(c.qkv_bias == c.o_bias, "save_hf_config: qkv_bias is ", c.qkv_bias, " and o_bias is ",
+          c.o_bias, ", but ", c.architecture, " has either both (attention_bias: true) or neither");
   nlohmann::json j = {
       {"architectures", nlohmann::json::array({c.architecture})},
       {"model_type", kind->model_type},
@@ -202,8 +181,7 @@ inline void save_hf_config(const model_config &c,
     j["mlp_bias"] = false;
   } else {
     j["use_sliding_window"] = false;
-    if (qwen3)
-      j["attention_bias"] = c.o_bias;
+    if (qwen3) j["attention_bias"] = c.o_bias;
   }
   const fs::path file = io::detail::is_dir(path) ? path / "config.json" : path;
   std::ofstream out(file, std::ios::trunc);
@@ -215,22 +193,19 @@ inline void save_hf_config(const model_config &c,
 
 /// Options of load_hf_weights.
 struct hf_load_options {
-  /// Ignore checkpoint tensors the parameter set does not have (default: an
-  /// error, which catches a config that does not match the checkpoint).
-  /// lm_head.weight of a tied model and rotary_emb.inv_freq buffers are always
-  /// ignored; a *.bias tensor the set lacks is always an error (the
-  /// configuration does not match the checkpoint).
+  /// Ignore checkpoint tensors the parameter set does not have (default: an error, which
+  /// catches a config that does not match the checkpoint). lm_head.weight of a tied model and
+  /// rotary_emb.inv_freq buffers are always ignored; a *.bias tensor the set lacks is always
+  /// an error (the configuration does not match the checkpoint).
   bool ignore_unused = false;
 };
 
 namespace io::detail {
 
-/// Copies host values into parameter i: through the backend's upload when the
-/// set exposes a backend (a device backend's buffers are not host memory), else
-/// directly into value(i).
+/// Copies host values into parameter i: through the backend's upload when the set exposes a
+/// backend (a device backend's buffers are not host memory), else directly into value(i).
 template <ParameterSet P>
-void store_parameter(P &params, std::size_t i,
-                     std::span<const typename P::value_type> host) {
+void store_parameter(P& params, std::size_t i, std::span<const typename P::value_type> host) {
   auto dst = params.value(i);
   if constexpr (requires { params.backend().upload(host, dst); }) {
     params.backend().upload(host, dst);
@@ -239,16 +214,13 @@ void store_parameter(P &params, std::size_t i,
   }
 }
 
-/// Host copy of a span held by the parameter set (download through the backend
-/// when any).
+/// Host copy of a span held by the parameter set (download through the backend when any).
 template <ParameterSet P>
-std::vector<typename P::value_type>
-fetch_span(P &params, std::span<typename P::value_type> src) {
+std::vector<typename P::value_type> fetch_span(P& params, std::span<typename P::value_type> src) {
   using T = typename P::value_type;
   std::vector<T> host(src.size());
   if constexpr (requires {
-                  params.backend().download(std::span<const T>(src),
-                                            std::span<T>(host));
+                  params.backend().download(std::span<const T>(src), std::span<T>(host));
                 }) {
     params.backend().download(std::span<const T>(src), std::span<T>(host));
   } else {
@@ -257,100 +229,85 @@ fetch_span(P &params, std::span<typename P::value_type> src) {
   return host;
 }
 
-inline bool always_ignored(const std::string &name) {
+inline bool always_ignored(const std::string& name) {
   return name == "lm_head.weight" || ends_with(name, ".rotary_emb.inv_freq");
 }
 
 template <ParameterSet P>
-void save_spans(const std::filesystem::path &path, P &params,
-                std::optional<dtype> as, bool gradients) {
+void save_spans(const std::filesystem::path& path, P& params, std::optional<dtype> as,
+                bool gradients) {
   namespace fs = std::filesystem;
   using T = typename P::value_type;
-  const fs::path file =
-      io::detail::is_dir(path) ? path / "model.safetensors" : path;
+  const fs::path file = io::detail::is_dir(path) ? path / "model.safetensors" : path;
   safetensors_writer w;
   for (std::size_t i = 0; i < params.size(); ++i) {
     const std::span<T> src = gradients ? params.grad(i) : params.value(i);
-    if (gradients && src.empty())
-      continue; // no gradient: skipped
+    if (gradients && src.empty()) continue;  // no gradient: skipped
     const std::span<const index_t> shape = params.shape(i);
     const std::vector<T> host = fetch_span(params, src);
     w.add(params.name(i), std::vector<index_t>(shape.begin(), shape.end()),
           std::span<const T>(host), as);
   }
-  w.set_metadata("format", "pt"); // transformers checks it
+  w.set_metadata("format", "pt");  // transformers checks it
   w.write(file);
 }
 
-} // namespace io::detail
+}  // namespace io::detail
 
-/// Loads every parameter of `params` from the checkpoint at `path` (directory,
-/// .safetensors file or index.json) by its Hugging Face name, converting F64 /
-/// F32 / BF16 / F16 to the set's value type. Errors name the tensor: a
-/// parameter missing from the checkpoint, a shape that differs (both shapes
-/// given), a dtype that is not floating, a *.bias tensor the set lacks (e.g.
-/// attention_bias missing from config.json), and (unless options.ignore_unused)
-/// any other tensor the set lacks.
+/// Loads every parameter of `params` from the checkpoint at `path` (directory, .safetensors
+/// file or index.json) by its Hugging Face name, converting F64 / F32 / BF16 / F16 to the set's
+/// value type. Errors name the tensor: a parameter missing from the checkpoint, a shape that
+/// differs (both shapes given), a dtype that is not floating, a *.bias tensor the set lacks
+/// (e.g. attention_bias missing from config.json), and (unless options.ignore_unused) any
+/// other tensor the set lacks.
 template <ParameterSet P>
-void load_hf_weights(const std::filesystem::path &path, P &params,
-                     hf_load_options options = {}) {
+void load_hf_weights(const std::filesystem::path& path, P& params, hf_load_options options = {}) {
   using T = typename P::value_type;
   const hf_checkpoint ck = hf_checkpoint::open(path);
-  const std::string &src = ck.description();
+  const std::string& src = ck.description();
   std::vector<std::string> unused;
-  for (const std::string &name : ck.names()) {
-    if (params.find(name) >= 0)
-      continue;
+  for (const std::string& name : ck.names()) {
+    if (params.find(name) >= 0) continue;
     check(!io::detail::ends_with(name, ".bias"), src, ": tensor '", name,
-          "' is a bias the model does not have (config.json calls for no such "
-          "bias: "
+          "' is a bias the model does not have (config.json calls for no such bias: "
           "attention_bias? mlp_bias is not supported)");
-    if (!io::detail::always_ignored(name))
-      unused.push_back(name);
+    if (!io::detail::always_ignored(name)) unused.push_back(name);
   }
   check(unused.empty() || options.ignore_unused, src, ": ", unused.size(),
-        " tensor(s) the model does not have, e.g. '",
-        unused.empty() ? "" : unused.front(),
-        "' (does config.json match the checkpoint? set ignore_unused to skip "
-        "them)");
+        " tensor(s) the model does not have, e.g. '", unused.empty() ? "" : unused.front(),
+        "' (does config.json match the checkpoint? set ignore_unused to skip them)");
   for (std::size_t i = 0; i < params.size(); ++i) {
-    const std::string &name = params.name(i);
-    check(ck.contains(name), src, ": parameter '", name,
-          "' is not in the checkpoint");
-    const safetensors_file &file = ck.file_of(name);
-    const tensor_info &t = file.info(name);
+    const std::string& name = params.name(i);
+    check(ck.contains(name), src, ": parameter '", name, "' is not in the checkpoint");
+    const safetensors_file& file = ck.file_of(name);
+    const tensor_info& t = file.info(name);
     const std::span<const index_t> want = params.shape(i);
-    check(std::equal(t.shape.begin(), t.shape.end(), want.begin(), want.end()),
-          file.source(), ": tensor '", name, "' has shape ",
-          io::detail::shape_string(t.shape), ", the model expects ",
-          io::detail::shape_string(want));
-    check(is_floating(t.type), file.source(), ": tensor '", name,
-          "' has dtype ", dtype_name(t.type),
-          ", expected F64, F32, BF16 or F16");
-    // Staged on the host, then handed to the backend (an upload for a device
-    // backend).
+    check(std::equal(t.shape.begin(), t.shape.end(), want.begin(), want.end()), file.source(),
+          ": tensor '", name, "' has shape ", io::detail::shape_string(t.shape),
+          ", the model expects ", io::detail::shape_string(want));
+    check(is_floating(t.type), file.source(), ": tensor '", name, "' has dtype ",
+          dtype_name(t.type), ", expected F64, F32, BF16 or F16");
+    // Staged on the host, then handed to the backend (an upload for a device backend).
     const std::vector<T> host = file.template read<T>(name);
     io::detail::store_parameter(params, i, std::span<const T>(host));
   }
 }
 
-/// Writes every parameter value of `params` under its Hugging Face name to
-/// `path` (a .safetensors file, or a directory that receives model.safetensors)
-/// as `as` (default: the set's value type, F32 or F64; BF16 / F16 round to
-/// nearest even).
+/// Writes every parameter value of `params` under its Hugging Face name to `path` (a
+/// .safetensors file, or a directory that receives model.safetensors) as `as` (default: the
+/// set's value type, F32 or F64; BF16 / F16 round to nearest even).
 template <ParameterSet P>
-void save_hf_weights(const std::filesystem::path &path, P &params,
+void save_hf_weights(const std::filesystem::path& path, P& params,
                      std::optional<dtype> as = std::nullopt) {
   io::detail::save_spans(path, params, as, false);
 }
 
-/// Writes every parameter gradient under the parameter's Hugging Face name
-/// (parameters without a gradient are skipped), as save_hf_weights does for
-/// values.
+/// Writes every parameter gradient under the parameter's Hugging Face name (parameters
+/// without a gradient are skipped), as save_hf_weights does for values.
 template <ParameterSet P>
-void save_gradients(const std::filesystem::path &path, P &params,
+void save_gradients(const std::filesystem::path& path, P& params,
                     std::optional<dtype> as = std::nullopt) {
   io::detail::save_spans(path, params, as, true);
 }
 
-} // namespace tightfit
+}  // namespace tightfit
