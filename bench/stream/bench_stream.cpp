@@ -7,5 +7,5 @@
 
 int main(int argc, char** argv) {
   return tightfit::bench::stream_bench_main(argc, argv,
-                                            "'/proc/" + std::to_string(getpid()) + "/exe'");
+                                            {"/proc/" + std::to_string(getpid()) + "/exe"});
 }

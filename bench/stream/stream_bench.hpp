@@ -2,8 +2,9 @@
 // gradient checkpointing and full backprop, side by side.
 //
 // For each (schedule, T) the measurement runs in a fresh child process (this program
-// re-executed with --single), so that each row's process peak RSS is its own. Prints a table
-// and writes CSV. The machine's GEMM GFLOP/s is measured in the same run.
+// re-executed with --single through posix_spawn, with an argument vector: no shell), so that
+// each row's process peak RSS is its own. Every option is validated before anything runs. Prints a
+// table and writes CSV. The machine's GEMM GFLOP/s is measured in the same run.
 //
 //   bench_stream [--seq 2048,4096,8192,16384] [--schedules full,checkpoint,stream]
 //                [--chunk 512] [--batch 1] [--preset qwen3-bench|small] [--csv FILE]
@@ -11,19 +12,27 @@
 //                [--compare]   (in-process: also the largest gradient difference to full)
 #pragma once
 
+#include <spawn.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "tightfit/backend/eigen.hpp"
+#include "tightfit/backend/meta.hpp"
+#include "tightfit/core/limits.hpp"
 #include "tightfit/loss/dpo.hpp"
 #include "tightfit/loss/grpo.hpp"
 #include "tightfit/loss/sft.hpp"
@@ -37,11 +46,42 @@ namespace {
 
 using backend = eigen_backend<float>;
 
+/// The largest sequence length, chunk or batch the driver takes (2^40): a declared maximum;
+/// the memory check below is the real limit.
+inline constexpr long long max_count = 1LL << 40;
+
+/// Thrown for a wrong option value: the driver prints it and exits 2 before anything runs.
+struct bench_usage {
+  std::string message;
+};
+
+/// An integer in [1, max_count]: decimal digits, or an exact integer written with an exponent
+/// (1e4); anything else is a bench_usage naming the option and the value.
+index_t parse_count(const std::string& key, const std::string& text) {
+  long long v = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || ec == std::errc::invalid_argument || ptr != end) {
+    char* stop = nullptr;
+    const double d = text.empty() ? 0.0 : std::strtod(text.c_str(), &stop);
+    if (text.empty() || stop != text.c_str() + text.size() || !std::isfinite(d) ||
+        d != std::floor(d))
+      throw bench_usage{key + " expects a positive integer, got '" + text + "'"};
+    if (d < 1 || d > static_cast<double>(max_count))
+      throw bench_usage{key + " is " + text + ", outside [1, " + std::to_string(max_count) + "]"};
+    v = static_cast<long long>(d);
+  }
+  if (ec == std::errc::result_out_of_range || v < 1 || v > max_count)
+    throw bench_usage{key + " is " + text + ", outside [1, " + std::to_string(max_count) + "]"};
+  return static_cast<index_t>(v);
+}
+
 std::vector<index_t> parse_list(const std::string& s) {
   std::vector<index_t> out;
   std::stringstream in(s);
   std::string item;
-  while (std::getline(in, item, ',')) out.push_back(std::stoll(item));
+  while (std::getline(in, item, ',')) out.push_back(parse_count("--seq", item));
+  if (out.empty()) throw bench_usage{"--seq is empty, expected a list like 2048,4096"};
   return out;
 }
 std::vector<std::string> parse_names(const std::string& s) {
@@ -183,57 +223,170 @@ void print_row(const row& r, index_t batch) {
 
 }  // namespace
 
-/// The driver; self_command re-executes this driver (the child measurements use --single).
-inline int stream_bench_main(int argc, char** argv, const std::string& self_command) {
-  std::string seqs = "2048,4096,8192,16384", scheds = "full,checkpoint,stream",
-              preset_name = "qwen3-bench", csv, objective = "sft";
+/// The options of the driver, every one validated by parse_options before anything runs.
+struct bench_options {
+  std::vector<index_t> seqs{2048, 4096, 8192, 16384};
+  std::vector<std::string> scheds{"full", "checkpoint", "stream"};
+  std::string preset_name = "qwen3-bench", csv, objective = "sft";
   index_t chunk = 512, batch = 1;
   bool single = false, compare = false;
+};
+
+constexpr const char* bench_usage_text =
+    "usage: bench_stream [--seq LIST] [--schedules LIST] [--chunk N] [--batch B] "
+    "[--preset qwen3-bench|small] [--csv FILE] [--compare] [--objective sft|grpo|dpo]\n";
+
+/// Parses and validates every option (bench_usage naming the value otherwise): sequence
+/// lengths, chunk and batch in [1, 2^40], schedule, preset and objective names, an even batch
+/// for dpo, a writable --csv, and each row's predicted memory (parameters, gradients and the
+/// planner's peak activation bytes) against what this process may use.
+inline bench_options parse_options(int argc, char** argv) {
+  bench_options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "bench_stream: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
+      if (i + 1 >= argc) throw bench_usage{a + " needs a value"};
       return argv[++i];
     };
     if (a == "--seq")
-      seqs = next();
+      o.seqs = parse_list(next());
     else if (a == "--schedules")
-      scheds = next();
+      o.scheds = parse_names(next());
     else if (a == "--chunk")
-      chunk = std::stoll(next());
+      o.chunk = parse_count(a, next());
     else if (a == "--batch")
-      batch = std::stoll(next());
+      o.batch = parse_count(a, next());
     else if (a == "--preset")
-      preset_name = next();
+      o.preset_name = next();
     else if (a == "--csv")
-      csv = next();
+      o.csv = next();
     else if (a == "--objective")
-      objective = next();
+      o.objective = next();
     else if (a == "--single")
-      single = true;
+      o.single = true;
     else if (a == "--compare")
-      compare = true;
-    else {
-      std::fprintf(stderr,
-                   "usage: bench_stream [--seq LIST] [--schedules LIST] [--chunk N] "
-                   "[--batch B] [--preset qwen3-bench|small] [--csv FILE] [--compare] "
-                   "[--objective sft|grpo|dpo]\n");
-      return 2;
+      o.compare = true;
+    else
+      throw bench_usage{"unknown option '" + a + "'"};
+  }
+  if (o.objective != "sft" && o.objective != "grpo" && o.objective != "dpo")
+    throw bench_usage{"--objective expects sft, grpo or dpo, got '" + o.objective + "'"};
+  if (o.objective == "dpo" && o.batch % 2 != 0)
+    throw bench_usage{"--objective dpo needs an even --batch (pairs), got " +
+                      std::to_string(o.batch)};
+  if (o.scheds.empty()) throw bench_usage{"--schedules is empty"};
+  model_config cfg;
+  try {
+    for (const auto& name : o.scheds) (void)parse_backward_schedule(name);
+    cfg = preset_config(o.preset_name);
+  } catch (const error& e) {
+    throw bench_usage{e.what()};
+  }
+  if (!o.csv.empty()) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::path csv = o.csv;
+    const fs::path dir = csv.parent_path().empty() ? fs::path(".") : csv.parent_path();
+    if (fs::is_directory(csv, ec)) throw bench_usage{"--csv '" + o.csv + "' is a directory"};
+    if (!fs::is_directory(dir, ec) || ::access(dir.c_str(), W_OK | X_OK) != 0)
+      throw bench_usage{"--csv '" + o.csv + "' cannot be written: '" + dir.string() +
+                        "' is not a writable directory"};
+    if (fs::exists(csv, ec) && ::access(csv.c_str(), W_OK) != 0)
+      throw bench_usage{"--csv '" + o.csv + "' is not writable"};
+  }
+  // Memory before anything runs: every row against what this process may use.
+  const std::uint64_t limit = memory_limit_bytes();
+  std::uint64_t params = 0;  // parameter bytes, counted by a dry-run model
+  {
+    meta_backend<float> mb;
+    decoder_model<meta_backend<float>> dry(mb, cfg);
+    params = mb.memory().live();
+  }
+  for (index_t seq : o.seqs) {
+    const auto tokens = checked_product(
+        {static_cast<std::uint64_t>(o.batch), static_cast<std::uint64_t>(seq), std::uint64_t{64}});
+    if (!tokens || *tokens > limit)
+      throw bench_usage{"--seq " + std::to_string(seq) + " x --batch " + std::to_string(o.batch) +
+                        " tokens need more than the " + byte_string(limit) +
+                        " this process may use (physical memory, ulimit -v / -d)"};
+    for (const auto& name : o.scheds) {
+      backward_options bo;
+      bo.sched = parse_backward_schedule(name);
+      bo.chunk = o.chunk;
+      const std::uint64_t need =
+          predict_peak_activation_bytes<float>(cfg, o.batch, seq, bo, sft_loss{}) + *tokens +
+          2 * params;
+      if (need > limit)
+        throw bench_usage{"--seq " + std::to_string(seq) + " (schedule " + name + ") needs " +
+                          byte_string(need) +
+                          " (parameters, gradients, activations), more than the " +
+                          byte_string(limit) + " this process may use"};
     }
   }
+  return o;
+}
+
+/// What a child printed on stdout, and its exit status (-1: it could not start or was killed).
+struct child_output {
+  int status = -1;
+  std::vector<std::string> lines;
+};
+
+/// Runs args (no shell: the options are separate arguments) and collects its stdout lines.
+inline child_output run_child(const std::vector<std::string>& args) {
+  child_output res;
+  int fds[2];
+  check(::pipe(fds) == 0, "bench_stream: pipe failed");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
+  posix_spawn_file_actions_addclose(&actions, fds[0]);
+  posix_spawn_file_actions_addclose(&actions, fds[1]);
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  const int rc = ::posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(fds[1]);
+  if (rc != 0) {
+    ::close(fds[0]);
+    return res;
+  }
+  FILE* out = ::fdopen(fds[0], "r");
+  char line[512];
+  while (out != nullptr && std::fgets(line, sizeof line, out) != nullptr)
+    res.lines.emplace_back(line);
+  if (out != nullptr) std::fclose(out);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  res.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return res;
+}
+
+/// The driver; self_argv re-executes this driver (the child measurements add --single and one
+/// (schedule, T) as separate arguments: no shell is involved).
+inline int stream_bench_main(int argc, char** argv, const std::vector<std::string>& self_argv) {
+  bench_options opts;
+  try {
+    opts = parse_options(argc, argv);
+  } catch (const bench_usage& e) {
+    std::fprintf(stderr, "bench_stream: %s\n%s", e.message.c_str(), bench_usage_text);
+    return 2;
+  }
+  const auto& [seq_list, sched_list, preset_name, csv, objective, chunk, batch, single, compare] =
+      opts;
   try {
     const model_config cfg = preset_config(preset_name);
     if (single) {  // child: one (schedule, T) measurement, one machine-readable line
       backend be;
       decoder_model<backend> model(be, cfg);
       model.init_random(1);
-      const index_t seq = parse_list(seqs).at(0);
+      const index_t seq = seq_list.at(0);
       const auto data = make_batch(batch, seq, cfg.vocab_size);
-      const row r =
-          measure(model, data, batch, seq, parse_backward_schedule(scheds), chunk, objective);
+      const row r = measure(model, data, batch, seq, parse_backward_schedule(sched_list.at(0)),
+                            chunk, objective);
       std::printf("ROW %s %lld %lld %.0f %.0f %.3f %.6f %.6f %.6e %.8f %.6f %.3f\n",
                   r.sched.c_str(), static_cast<long long>(r.seq), static_cast<long long>(r.chunk),
                   r.peak_bytes, r.predicted_bytes, r.rss_mib, r.fwd_s, r.total_s, r.flops, r.loss,
@@ -256,14 +409,14 @@ inline int stream_bench_main(int argc, char** argv, const std::string& self_comm
         gemm);
     print_header();
     std::vector<row> rows;
-    for (index_t seq : parse_list(seqs)) {
+    for (index_t seq : seq_list) {
       if (compare) {
         backend be;
         decoder_model<backend> model(be, cfg);
         model.init_random(1);
         const auto data = make_batch(batch, seq, cfg.vocab_size);
         std::vector<std::vector<float>> reference;
-        for (const auto& name : parse_names(scheds)) {
+        for (const auto& name : sched_list) {
           row r = measure(model, data, batch, seq, parse_backward_schedule(name), chunk, objective);
           auto& p = model.parameters();
           std::vector<std::vector<float>> grads;
@@ -285,17 +438,19 @@ inline int stream_bench_main(int argc, char** argv, const std::string& self_comm
         }
         continue;
       }
-      for (const auto& name : parse_names(scheds)) {
-        std::string cmd = self_command + " --single --seq " + std::to_string(seq) +
-                          " --schedules " + name + " --chunk " + std::to_string(chunk) +
-                          " --batch " + std::to_string(batch) + " --preset " + preset_name +
-                          " --objective " + objective;
-        FILE* child = popen(cmd.c_str(), "r");
-        check(child != nullptr, "bench_stream: cannot run ", cmd);
-        char line[512];
+      for (const auto& name : sched_list) {
+        std::vector<std::string> args = self_argv;
+        for (const std::string& a :
+             {std::string("--single"), std::string("--seq"), std::to_string(seq),
+              std::string("--schedules"), name, std::string("--chunk"), std::to_string(chunk),
+              std::string("--batch"), std::to_string(batch), std::string("--preset"), preset_name,
+              std::string("--objective"), objective})
+          args.push_back(a);
         row r;
         bool got = false;
-        while (std::fgets(line, sizeof line, child) != nullptr) {
+        const child_output child = run_child(args);
+        for (const std::string& text : child.lines) {
+          const char* line = text.c_str();
           char sched[32];
           long long t = 0, c = 0;
           if (std::sscanf(line, "ROW %31s %lld %lld %lf %lf %lf %lf %lf %lf %lf %lf %lf", sched, &t,
@@ -310,8 +465,9 @@ inline int stream_bench_main(int argc, char** argv, const std::string& self_comm
             std::fputs(line, stderr);
           }
         }
-        const int status = pclose(child);
-        check(got && status == 0, "bench_stream: measurement '", cmd, "' failed");
+        const int status = child.status;
+        check(got && status == 0, "bench_stream: the measurement of ", name, " at T = ", seq,
+              " failed (exit status ", status, ")");
         print_row(r, batch);
         rows.push_back(r);
       }

@@ -1,9 +1,12 @@
-// tightfit bench: benchmark tables. `tightfit bench stream ...` is bench/stream/bench_stream.
+// tightfit bench: benchmark tables. `tightfit bench stream ...` is bench/stream/bench_stream:
+// every option is validated before anything runs (exit 2 naming the value), and each row runs
+// in a child process started with an argument vector (posix_spawn, never a shell).
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "commands.hpp"
 #include "stream/stream_bench.hpp"
@@ -26,8 +29,8 @@ int bench(int argc, char** argv) {
     std::fprintf(stderr, "tightfit bench: unknown benchmark '%s' (known: stream)\n", argv[1]);
     return 2;
   }
-  return bench::stream_bench_main(argc - 1, argv + 1,
-                                  "'/proc/" + std::to_string(getpid()) + "/exe' bench stream");
+  return bench::stream_bench_main(
+      argc - 1, argv + 1, {"/proc/" + std::to_string(getpid()) + "/exe", "bench", "stream"});
 }
 
 }  // namespace tightfit::cli

@@ -1,6 +1,8 @@
 // tightfit grad: loss and every parameter gradient of a Hugging Face checkpoint on a batch,
 // under a StreamBP schedule. Prints one JSON line; writes the gradients (HF names) to --out.
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -8,6 +10,7 @@
 #include <vector>
 
 #include "args.hpp"
+#include "checks.hpp"
 #include "commands.hpp"
 #include "tightfit/backend/eigen.hpp"
 #include "tightfit/io/safetensors.hpp"
@@ -21,6 +24,9 @@
 namespace tightfit::cli {
 
 namespace {
+
+/// The largest count an option takes (chunk, head chunk rows, completion length): 2^40.
+constexpr long long max_count = 1LL << 40;
 
 constexpr const char* grad_usage =
     "usage: tightfit grad --model DIR --batch FILE [--objective sft|grpo|dpo]\n"
@@ -36,6 +42,8 @@ constexpr const char* grad_usage =
     "    dpo:  chosen_input_ids, chosen_labels, rejected_input_ids, rejected_labels (P,T),\n"
     "          optional chosen_attention_mask, rejected_attention_mask (P,T), and\n"
     "          ref_chosen_logps, ref_rejected_logps (P)\n"
+    "  attention_mask holds 0 / 1 only; a label outside the mask is never supervised,\n"
+    "  whatever its value.\n"
     "  Loss types: grpo|bnpo|dr_grpo (grpo), sigmoid|ipo|hinge (dpo). --chunk auto picks the\n"
     "  largest power-of-two chunk whose StreamBP peak fits --budget (default 4G).\n"
     "  Prints one JSON line: loss, schedule, chunk, peak_activation_bytes, seconds, ...\n";
@@ -71,6 +79,10 @@ std::vector<index_t> read_lengths(const safetensors_file& f, const std::string& 
     const auto m = read_int_matrix(f, mask_name);
     check(m.rows == b && m.cols == t, f.source(), ": ", mask_name, " is (", m.rows, ", ", m.cols,
           "), expected (", b, ", ", t, ")");
+    for (std::size_t i = 0; i < m.data.size(); ++i)
+      check(m.data[i] == 0 || m.data[i] == 1, f.source(), ": ", mask_name, "[",
+            static_cast<index_t>(i) / t, "][", static_cast<index_t>(i) % t, "] is ", m.data[i],
+            ", expected 0 or 1");
     for (index_t r = 0; r < b; ++r) {
       index_t len = 0;
       while (len < t && m.data[static_cast<std::size_t>(r * t + len)] != 0) ++len;
@@ -89,6 +101,15 @@ std::vector<index_t> read_lengths(const safetensors_file& f, const std::string& 
   return lengths;
 }
 
+/// Labels at positions outside the valid length of their row (attention_mask 0) set to
+/// ignore_index: padding is never supervised, whatever label the file gives it.
+void ignore_padding_labels(std::vector<token_id>& labels, const std::vector<index_t>& lengths,
+                           index_t t) {
+  for (std::size_t r = 0; r < lengths.size(); ++r)
+    for (index_t p = std::max<index_t>(lengths[r], 0); p < t; ++p)
+      labels[r * static_cast<std::size_t>(t) + static_cast<std::size_t>(p)] = ignore_index;
+}
+
 /// Per-token values aligned with labels (entry t belongs to labels[t]) to target alignment
 /// (entry t belongs to the token predicted at position t, i.e. labels[t + 1]).
 std::vector<double> shift_values(const std::vector<double>& v, index_t b, index_t t) {
@@ -99,28 +120,18 @@ std::vector<double> shift_values(const std::vector<double>& v, index_t b, index_
   return out;
 }
 
-std::size_t parse_budget(const std::string& s) {
-  std::size_t scale = 1;
-  std::string digits = s;
-  if (!s.empty() && (s.back() == 'G' || s.back() == 'M' || s.back() == 'K')) {
-    scale = s.back() == 'G' ? 1u << 30 : s.back() == 'M' ? 1u << 20 : 1u << 10;
-    digits.pop_back();
-  }
-  try {
-    return static_cast<std::size_t>(std::stod(digits) * double(scale));
-  } catch (...) {
-    throw usage_error{"--budget expects a byte count like 4G, got '" + s + "'"};
-  }
-}
-
 template <class T>
 int run_grad(const arguments& a) {
   using backend = eigen_backend<T>;
   const std::filesystem::path model_dir = a.get("--model");
   const model_config cfg = load_hf_config(model_dir);
+  // Sizes before allocation: config.json against the checkpoint, weights + gradients
+  // against memory.
+  check_model_fits(cfg, sizeof(T), 2, &model_dir);
   backend be;
   decoder_model<backend> model(be, cfg);
   load_hf_weights(model_dir, model.parameters());
+  check_finite_weights(model.parameters(), model_dir.string());
 
   const auto batch_file = safetensors_file::open(a.get("--batch"));
   const std::string objective = a.get("--objective", "sft");
@@ -151,6 +162,7 @@ int run_grad(const arguments& a) {
       if (lr.empty()) lr.assign(static_cast<std::size_t>(p), t);
       lengths = lc;
       lengths.insert(lengths.end(), lr.begin(), lr.end());
+      ignore_padding_labels(labels, lengths, t);
     }
     for (index_t i = 0; i < p; ++i) {
       chosen.push_back(i);
@@ -166,23 +178,30 @@ int run_grad(const arguments& a) {
     ids = in.data;
     labels = lab.data;
     lengths = read_lengths(batch_file, "attention_mask", "lengths", b, t);
+    if (!lengths.empty()) {
+      for (std::size_t r = 0; r < lengths.size(); ++r)
+        check(lengths[r] >= 1 && lengths[r] <= t, batch_file.source(), ": lengths[", r, "] is ",
+              lengths[r], ", expected a length in [1, ", t, "]");
+      ignore_padding_labels(labels, lengths, t);
+    }
   }
   const std::vector<token_id> targets = shift_labels(labels, b, t);
   const token_batch batch{b, t, ids, targets, lengths};
 
   backward_options opt;
   opt.sched = parse_backward_schedule(a.get("--schedule", "stream"));
-  opt.temperature = a.number("--temperature", 1.0);
-  opt.head_chunk_rows = a.integer("--head-chunk", 0);
+  opt.temperature = a.real("--temperature", 1.0, 1e-6, 1e6);
+  opt.head_chunk_rows = a.integer("--head-chunk", 0, 0, max_count);
   if (a.get("--chunk", "512") == "auto") {
-    const std::size_t budget = parse_budget(a.get("--budget", "4G"));
+    const std::size_t budget = parse_bytes("--budget", a.get("--budget", "4G"));
     const auto plan = plan_memory<T>(cfg, b, t, budget, sft_loss{}, 0, t);
     check(plan.chunk >= 1, "--chunk auto: even chunk 1 needs more than the budget of ", budget,
           " bytes at T = ", t);
     opt.chunk = plan.chunk;
   } else {
-    opt.chunk = a.integer("--chunk", 512);
+    opt.chunk = a.integer("--chunk", 512, 1, max_count);
   }
+  check_activations_fit<T>(batch_file.source(), false, cfg, b, t, opt);
 
   const auto start = std::chrono::steady_clock::now();
   backward_result result;
@@ -197,11 +216,11 @@ int run_grad(const arguments& a) {
     if (batch_file.contains("ref_logprobs"))
       refp = shift_values(read_floats(batch_file, "ref_logprobs", b * t), b, t);
     grpo_options go;
-    go.beta = a.number("--beta", 0.0);
-    go.epsilon_low = a.number("--epsilon-low", 0.2);
-    go.epsilon_high = a.number("--epsilon-high", go.epsilon_low);
+    go.beta = a.real("--beta", 0.0, 0, 1e6);
+    go.epsilon_low = a.real("--epsilon-low", 0.2, 0, 1e6);
+    go.epsilon_high = a.real("--epsilon-high", go.epsilon_low, 0, 1e6);
     go.aggregation = parse_grpo_aggregation(a.get("--loss-type", "grpo"));
-    go.max_completion_length = a.integer("--max-completion-length", 0);
+    go.max_completion_length = a.integer("--max-completion-length", 0, 0, max_count);
     grpo_loss loss(adv, old, refp, go);
     result = compute_gradients(model, batch, loss, opt);
   } else if (objective == "dpo") {
@@ -209,8 +228,8 @@ int run_grad(const arguments& a) {
     const auto ref_w = read_floats(batch_file, "ref_chosen_logps", p);
     const auto ref_l = read_floats(batch_file, "ref_rejected_logps", p);
     dpo_options dopt;
-    dopt.beta = a.number("--beta", 0.1);
-    dopt.label_smoothing = a.number("--label-smoothing", 0.0);
+    dopt.beta = a.real("--beta", 0.1, 0, 1e6);
+    dopt.label_smoothing = a.real("--label-smoothing", 0.0, 0, 1);
     dopt.loss = parse_dpo_loss_type(a.get("--loss-type", "sigmoid"));
     dpo_loss loss(chosen, rejected, ref_w, ref_l, dopt);
     result = compute_gradients(model, batch, loss, opt);
@@ -219,6 +238,10 @@ int run_grad(const arguments& a) {
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // Non-finite policy: nothing non-finite is written.
+  check(std::isfinite(result.loss), "step 1: the loss is ", result.loss,
+        " (not finite); nothing written");
+  check_finite_gradients(model.parameters(), "step 1");
   if (a.has("--out")) save_gradients(a.get("--out"), model.parameters());
 
   nlohmann::json out;
@@ -234,7 +257,7 @@ int run_grad(const arguments& a) {
   out["seconds"] = seconds;
   out["forward_seconds"] = result.forward_seconds;
   if (a.has("--out")) out["gradients"] = a.get("--out");
-  std::printf("%s\n", out.dump().c_str());
+  std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   return 0;
 }
 
@@ -262,6 +285,19 @@ int grad(int argc, char** argv) {
         } catch (const error& e) {
           throw usage_error{e.what()};
         }
+        // every value is an argument error (exit 2) before any file is read
+        if (a.get("--chunk", "512") != "auto") (void)a.integer("--chunk", 512, 1, max_count);
+        if (a.has("--budget")) (void)parse_bytes("--budget", a.get("--budget"));
+        (void)a.integer("--head-chunk", 0, 0, max_count);
+        (void)a.integer("--max-completion-length", 0, 0, max_count);
+        (void)a.real("--temperature", 1.0, 1e-6, 1e6);
+        for (const char* k : {"--beta", "--epsilon-low", "--epsilon-high"})
+          (void)a.real(k, 0.0, 0, 1e6);
+        (void)a.real("--label-smoothing", 0.0, 0, 1);
+        path_guard paths;
+        paths.input(a.get("--model"));
+        paths.input(a.get("--batch"));
+        if (a.has("--out")) paths.output_file("--out", a.get("--out"), "model.safetensors");
         const std::string dtype = a.get("--dtype", "f32");
         if (dtype == "f32") return run_grad<float>(a);
         if (dtype == "f64") return run_grad<double>(a);

@@ -1,8 +1,11 @@
 // tightfit plan: the memory planner (stream/planner.hpp) for a model and a byte budget.
+#include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 
 #include "args.hpp"
+#include "checks.hpp"
 #include "commands.hpp"
 #include "tightfit/loss/sft.hpp"
 #include "tightfit/nn/hf_model.hpp"
@@ -16,42 +19,11 @@ namespace {
 constexpr const char* plan_usage =
     "usage: tightfit plan (--model DIR | --preset NAME) --seq T --budget BYTES [--batch B]\n"
     "                     [--dtype f32|f64] [--chunk N] [--max-seq N]\n"
-    "  BYTES accepts a suffix K, M, G (powers of 1024). Prints the largest power-of-two chunk\n"
+    "  BYTES accepts a suffix K, M, G, T (powers of 1024), below 2^64. Prints the largest "
+    "power-of-two chunk\n"
     "  whose StreamBP peak fits at T, and the largest T each schedule reaches within the budget\n"
     "  (activation bytes: parameters and gradients not included). Presets: qwen3-bench, small,\n"
     "  qwen3-0.6b, qwen3-4b, qwen3-8b, qwen2.5-0.5b, qwen2.5-7b, llama3-8b.\n";
-
-std::size_t parse_bytes(const std::string& s) {
-  if (s.empty()) throw usage_error{"--budget is empty"};
-  std::size_t scale = 1;
-  std::string digits = s;
-  switch (s.back()) {
-    case 'K':
-    case 'k':
-      scale = std::size_t{1} << 10;
-      digits.pop_back();
-      break;
-    case 'M':
-    case 'm':
-      scale = std::size_t{1} << 20;
-      digits.pop_back();
-      break;
-    case 'G':
-    case 'g':
-      scale = std::size_t{1} << 30;
-      digits.pop_back();
-      break;
-    default:
-      break;
-  }
-  try {
-    std::size_t used = 0;
-    const double v = std::stod(digits, &used);
-    if (used == digits.size() && v > 0) return static_cast<std::size_t>(v * double(scale));
-  } catch (...) {
-  }
-  throw usage_error{"--budget expects a byte count like 8G, got '" + s + "'"};
-}
 
 template <class T>
 int run_plan(const model_config& cfg, index_t batch, index_t seq, std::size_t budget, index_t chunk,
@@ -91,15 +63,35 @@ int plan(int argc, char** argv) {
           throw usage_error{"give exactly one of --model DIR and --preset NAME"};
         if (!a.has("--seq") || !a.has("--budget"))
           throw usage_error{"--seq and --budget are required"};
+        // Every value is an argument error (exit 2) before any file is read.
+        constexpr long long big = 1LL << 62;
+        const index_t seq = a.integer("--seq", 0, 1, big), batch = a.integer("--batch", 1, 1, big);
+        const index_t chunk = a.integer("--chunk", 512, 1, big);
+        const index_t max_seq = a.integer("--max-seq", 1 << 22, 1, big);
+        const std::size_t budget = parse_bytes("--budget", a.get("--budget"));
+        const std::string dtype = a.get("--dtype", "f32");
+        if (dtype != "f32" && dtype != "f64")
+          throw usage_error{"--dtype expects f32 or f64, got '" + dtype + "'"};
+        // The dry runs hold host_bytes_per_token per token of the largest batch they try.
+        const std::uint64_t limit = memory_limit_bytes();
+        for (const auto& [key, t] : {std::pair<std::string, index_t>{"--seq", seq},
+                                     std::pair<std::string, index_t>{"--max-seq", max_seq}}) {
+          const auto bytes =
+              checked_product({static_cast<std::uint64_t>(t), static_cast<std::uint64_t>(batch),
+                               host_bytes_per_token});
+          if (!bytes || *bytes > limit)
+            throw usage_error{
+                key + " " + std::to_string(t) + " x --batch " + std::to_string(batch) +
+                ": the planner's dry run holds " + std::to_string(host_bytes_per_token) +
+                " bytes per token, more than the " + byte_string(limit) +
+                " this process may use (largest " + key + ": " +
+                std::to_string(limit / host_bytes_per_token / static_cast<std::uint64_t>(batch)) +
+                ")"};
+        }
         const model_config cfg =
             a.has("--model") ? load_hf_config(a.get("--model")) : preset_config(a.get("--preset"));
-        const index_t seq = a.integer("--seq", 0), batch = a.integer("--batch", 1);
-        const index_t chunk = a.integer("--chunk", 0), max_seq = a.integer("--max-seq", 1 << 22);
-        const std::size_t budget = parse_bytes(a.get("--budget"));
-        const std::string dtype = a.get("--dtype", "f32");
         if (dtype == "f32") return run_plan<float>(cfg, batch, seq, budget, chunk, max_seq, "f32");
-        if (dtype == "f64") return run_plan<double>(cfg, batch, seq, budget, chunk, max_seq, "f64");
-        throw usage_error{"--dtype expects f32 or f64, got '" + dtype + "'"};
+        return run_plan<double>(cfg, batch, seq, budget, chunk, max_seq, "f64");
       });
 }
 

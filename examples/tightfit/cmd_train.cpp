@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "args.hpp"
+#include "checks.hpp"
 #include "commands.hpp"
 #include "tightfit/backend/eigen.hpp"
 #include "tightfit/io/token_file.hpp"
@@ -83,18 +84,11 @@ struct args {
   bool deterministic = false;
 };
 
-long long to_int(const std::string& flag, const std::string& v, long long min) {
-  std::size_t used = 0;
-  long long x = 0;
-  try {
-    x = std::stoll(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  check(used == v.size() && !v.empty() && x >= min, flag, " is '", v,
-        "', expected an integer >= ", min);
-  return x;
-}
+/// Counts (steps, batch, chunk, ...) are at most 2^62; sizes that need memory are checked
+/// against it once the model is known.
+constexpr long long big = 1LL << 62;
+/// Learning rates above this are refused as absurd (they diverge at the first step).
+constexpr double max_lr = 1e3;
 
 /// Argument checks that need no file: every wrong value is a usage error (exit 2), reported
 /// before the model and the data are loaded.
@@ -117,15 +111,43 @@ void validate(const args& a) {
     throw usage_error{"--order fixed needs --start-block NAME"};
 }
 
+/// The outputs: never an input, writable (usage errors, exit 2).
+void check_paths(const args& a) {
+  path_guard paths;
+  if (!a.model.empty()) paths.input(a.model);
+  paths.input(a.data);
+  if (!a.resume.empty()) paths.input(a.resume);
+  if (!a.log.empty()) paths.output_file("--log", a.log);
+  if (!a.save_state.empty()) paths.output_file("--save-state", a.save_state);
+  if (!a.save_model.empty())
+    paths.output_dir("--save-model", a.save_model, {"model.safetensors", "config.json"});
+}
+
 template <class Opt>
 int run_training(decoder_model<eigen_backend<float>>& model, const token_dataset& data, Opt& opt,
                  const args& a) {
-  if (!a.resume.empty()) load_checkpoint(safetensors_file::open(a.resume), model, opt);
+  if (!a.resume.empty()) {
+    try {
+      load_checkpoint(safetensors_file::open(a.resume), model, opt);
+    } catch (const error& e) {
+      const std::string what = e.what();
+      if (what.rfind(a.resume, 0) == 0) throw;
+      fail(a.resume, ": ", what);
+    }
+    check_finite_weights(model.parameters(), a.resume);
+  }
   train_options o;
   o.steps = a.steps;
   o.batch = a.batch;
   o.backward.sched = parse_backward_schedule(a.sched);
   o.backward.chunk = a.chunk;
+  // Non-finite policy: train() stops at a non-finite loss; a non-finite gradient or update stops
+  // here, naming the step and the tensor, before anything is logged further or saved.
+  auto finite = [&model](std::int64_t step, const step_result&) {
+    const std::string when = "step " + std::to_string(step + 1);
+    check_finite_gradients(model.parameters(), when);
+    check_finite_weights(model.parameters(), when + " (after the update)");
+  };
   std::optional<json_log> log;
   if (!a.log.empty()) log.emplace(a.log);
   struct log_if_open {  // the JSON log when --log is given
@@ -148,8 +170,8 @@ int run_training(decoder_model<eigen_backend<float>>& model, const token_dataset
         ", but this run ends at step ", horizon);
   const auto sched =
       runtime_schedule::parse(a.schedule, a.total_steps > 0 ? a.total_steps : horizon);
-  const auto s =
-      train(model, data, opt, sched, o, sft_loss{}, log_if_open{log}, progress_if_shown{!a.quiet});
+  const auto s = train(model, data, opt, sched, o, sft_loss{}, log_if_open{log},
+                       progress_if_shown{!a.quiet}, finite);
   if (!a.save_state.empty()) {
     safetensors_writer w;
     save_checkpoint(w, model, opt);
@@ -169,6 +191,8 @@ int run_training(decoder_model<eigen_backend<float>>& model, const token_dataset
   }
   return 0;
 }
+
+int run(const args& a);
 
 }  // namespace
 
@@ -211,27 +235,27 @@ int train(int argc, char** argv) {
       } else if (f == "--bread-scope") {
         a.scope = value();
       } else if (f == "--steps") {
-        a.steps = to_int(f, value(), 0);
+        a.steps = parse_integer(f, value(), 0, big);
       } else if (f == "--total-steps") {
-        a.total_steps = to_int(f, value(), 1);
+        a.total_steps = parse_integer(f, value(), 1, big);
       } else if (f == "--batch") {
-        a.batch = to_int(f, value(), 1);
+        a.batch = parse_integer(f, value(), 1, big);
       } else if (f == "--chunk") {
-        a.chunk = to_int(f, value(), 1);
+        a.chunk = parse_integer(f, value(), 1, big);
       } else if (f == "--switch-every") {
-        a.switch_every = to_int(f, value(), 1);
+        a.switch_every = parse_integer(f, value(), 1, big);
       } else if (f == "--rank") {
-        a.rank = to_int(f, value(), 1);
+        a.rank = parse_integer(f, value(), 1, 1 << 16);
       } else if (f == "--seed") {
-        a.seed = static_cast<std::uint64_t>(to_int(f, value(), 0));
+        a.seed = static_cast<std::uint64_t>(parse_integer(f, value(), 0, big));
       } else if (f == "--lr") {
-        a.lr = parse_number(f, value());
+        a.lr = parse_real(f, value(), 0, max_lr);
       } else if (f == "--bread-lr") {
-        a.bread_lr = parse_number(f, value());
+        a.bread_lr = parse_real(f, value(), 0, max_lr);
       } else if (f == "--clip") {
-        a.clip = parse_number(f, value());
+        a.clip = parse_real(f, value(), 0, 1e12);
       } else if (f == "--loraplus") {
-        a.loraplus = parse_number(f, value());
+        a.loraplus = parse_real(f, value(), 1e-6, 1e6);
       } else if (f == "--embedding-block") {
         a.embedding_block = true;
       } else if (f == "--head-block") {
@@ -247,6 +271,7 @@ int train(int argc, char** argv) {
       }
     }
     validate(a);
+    check_paths(a);
   } catch (const usage_error& e) {
     std::fprintf(stderr, "tightfit train: %s\n", e.message.c_str());
     train_usage(stderr);
@@ -257,19 +282,43 @@ int train(int argc, char** argv) {
     return 2;
   }
 
+  try {
+    return run(a);
+  } catch (const usage_error& e) {  // sizes refused once the model is known
+    std::fprintf(stderr, "tightfit train: %s\n", e.message.c_str());
+    return 2;
+  }
+}
+
+namespace {
+
+int run(const args& a) {
   using backend = eigen_backend<float>;
   eigen_backend_options bopts;
   if (a.deterministic) bopts.attention_backward = attention_backward_strategy::two_pass;
   backend be(bopts);
   const model_config cfg = a.model.empty() ? train_preset(a.preset) : load_hf_config(a.model);
-  decoder_model<backend> model(be, cfg);
-  if (a.model.empty())
-    model.init_random(a.seed);
-  else
-    load_hf_weights(a.model, model.parameters());
+  // Sizes before allocation: config.json against the checkpoint; weights, gradients and two
+  // moments (Adam) against memory; the batch's activations against memory.
+  const std::filesystem::path model_path = a.model;
+  check_model_fits(cfg, sizeof(float), 4, a.model.empty() ? nullptr : &model_path);
   auto table = read_token_table(a.data);
   const token_dataset data(table.rows, table.seq_len, std::move(table.input_ids),
                            std::move(table.labels));
+  {
+    backward_options bo;
+    bo.sched = parse_backward_schedule(a.sched);
+    bo.chunk = a.chunk;
+    check_activations_fit<float>("--batch " + std::to_string(a.batch), true, cfg, a.batch,
+                                 data.seq_len(), bo);
+  }
+  decoder_model<backend> model(be, cfg);
+  if (a.model.empty()) {
+    model.init_random(a.seed);
+  } else {
+    load_hf_weights(a.model, model.parameters());
+    check_finite_weights(model.parameters(), a.model);
+  }
 
   const auto part = block_partition::by_layer(model.parameters(), a.embedding_block, a.head_block);
   runtime_order order;
@@ -324,5 +373,7 @@ int train(int argc, char** argv) {
   }
   fail("unknown optimizer '", a.optimizer, "'");  // not reached: validate() checked it
 }
+
+}  // namespace
 
 }  // namespace tightfit::cli

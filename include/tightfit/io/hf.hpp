@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -30,6 +31,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <type_traits>
 #include <unordered_map>
@@ -38,6 +40,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tightfit/core/error.hpp"
+#include "tightfit/core/limits.hpp"
 #include "tightfit/core/types.hpp"
 #include "tightfit/io/safetensors.hpp"
 
@@ -45,19 +48,26 @@ namespace tightfit {
 
 namespace io::detail {
 
+/// The largest JSON file (config.json, index.json) read: a declared maximum, so that a
+/// device or a runaway file (/dev/zero) is refused instead of read into memory.
+inline constexpr std::size_t max_json_bytes = std::size_t{64} << 20;
+
 inline std::string read_text_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   check(static_cast<bool>(in), path.string(), ": cannot open");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  std::string text;
+  char block[65536];
+  while (in.read(block, sizeof block) || in.gcount() > 0) {
+    text.append(block, static_cast<std::size_t>(in.gcount()));
+    check(text.size() <= max_json_bytes, path.string(), ": more than ", max_json_bytes,
+          " bytes (the declared maximum of a JSON file)");
+  }
+  return text;
 }
 
 /// Parses a JSON file; duplicate keys (which nlohmann would silently collapse) are errors.
-inline nlohmann::json read_json_file(const std::filesystem::path& path) {
+inline nlohmann::json parse_json_text(std::string_view text, const std::string& src) {
   using nlohmann::json;
-  const std::string text = read_text_file(path);
-  const std::string src = path.string();
   std::vector<std::set<std::string>> keys;
   auto callback = [&](int, json::parse_event_t event, json& parsed) -> bool {
     if (event == json::parse_event_t::object_start) keys.emplace_back();
@@ -70,10 +80,13 @@ inline nlohmann::json read_json_file(const std::filesystem::path& path) {
     return true;
   };
   try {
-    return json::parse(text, callback);
+    return json::parse(text.begin(), text.end(), callback);
   } catch (const json::exception& e) {
     fail(src, ": not valid JSON: ", e.what());
   }
+}
+inline nlohmann::json read_json_file(const std::filesystem::path& path) {
+  return parse_json_text(read_text_file(path), path.string());
 }
 
 /// is_directory / exists without throwing (an unreadable path then fails where it is opened).

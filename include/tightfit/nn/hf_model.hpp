@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -28,6 +29,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <type_traits>
 #include <unordered_map>
@@ -36,6 +38,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tightfit/core/error.hpp"
+#include "tightfit/core/limits.hpp"
 #include "tightfit/core/types.hpp"
 #include "tightfit/io/hf.hpp"
 #include "tightfit/io/safetensors.hpp"
@@ -44,14 +47,46 @@
 
 namespace tightfit {
 
+/// The largest model load_hf_config accepts, in parameters (2^40, about 1.1 trillion): a
+/// declared maximum that turns absurd sizes into an error before anything is allocated.
+inline constexpr std::uint64_t max_hf_parameters = std::uint64_t{1} << 40;
+
+/// Number of parameters of the model `c` describes (every tensor decoder_model declares), or
+/// nullopt when it does not fit in 64 bits.
+inline std::optional<std::uint64_t> hf_parameter_count(const model_config& c) {
+  const auto u = [](index_t v) { return static_cast<std::uint64_t>(v < 0 ? 0 : v); };
+  const std::uint64_t d = u(c.hidden_size), f = u(c.intermediate_size);
+  const auto q = checked_product({u(c.num_attention_heads), u(c.head_dim)});
+  const auto kv = checked_product({u(c.num_key_value_heads), u(c.head_dim)});
+  if (!q || !kv) return std::nullopt;
+  std::optional<std::uint64_t> layer = std::uint64_t{0};
+  const auto add = [](std::optional<std::uint64_t> a, std::optional<std::uint64_t> b) {
+    return a && b ? checked_sum(*a, *b) : std::nullopt;
+  };
+  layer = add(layer, checked_product({2, d}));       // the two norms
+  layer = add(layer, checked_product({2, *q, d}));   // q_proj, o_proj
+  layer = add(layer, checked_product({2, *kv, d}));  // k_proj, v_proj
+  layer = add(layer, checked_product({3, f, d}));    // gate, up, down
+  if (c.qk_norm) layer = add(layer, checked_product({2, u(c.head_dim)}));
+  if (c.qkv_bias) layer = add(layer, add(*q, checked_product({2, *kv})));
+  if (c.o_bias) layer = add(layer, d);
+  auto total = add(checked_product({c.tie_word_embeddings ? 1u : 2u, u(c.vocab_size), d}), d);
+  if (!layer) return std::nullopt;
+  return add(total, checked_product({u(c.num_hidden_layers), *layer}));
+}
+
 /// Reads a Hugging Face config.json (a file, or a directory holding config.json) of a
 /// LlamaForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM model. Throws tightfit::error naming
 /// the file and the field for malformed input and for options tightfit does not support.
+inline model_config parse_hf_config(std::string_view text, const std::string& src);
 inline model_config load_hf_config(const std::filesystem::path& path) {
-  namespace fs = std::filesystem;
-  const fs::path file = io::detail::is_dir(path) ? path / "config.json" : path;
-  const nlohmann::json j = io::detail::read_json_file(file);
-  const std::string src = file.string();
+  const std::filesystem::path file = io::detail::is_dir(path) ? path / "config.json" : path;
+  return parse_hf_config(io::detail::read_text_file(file), file.string());
+}
+
+/// load_hf_config on the text of a config.json (`src` names it in messages).
+inline model_config parse_hf_config(std::string_view text, const std::string& src) {
+  const nlohmann::json j = io::detail::parse_json_text(text, src);
   check(j.is_object(), src, ": is a JSON ", j.type_name(), ", expected an object");
   const io::detail::config_fields f(j, src);
 
@@ -137,6 +172,13 @@ inline model_config load_hf_config(const std::filesystem::path& path) {
   } catch (const error& e) {
     fail(src, ": ", e.what());
   }
+  // Sizes before anything is allocated: the whole model against a declared maximum.
+  const auto count = hf_parameter_count(c);
+  check(count && *count <= max_hf_parameters, src, ": the model has ",
+        count ? std::to_string(*count) : std::string("more than 2^64"), " parameters (vocab_size ",
+        c.vocab_size, ", hidden_size ", c.hidden_size, ", intermediate_size ", c.intermediate_size,
+        ", num_hidden_layers ", c.num_hidden_layers, "), more than the declared maximum ",
+        max_hf_parameters);
   return c;
 }
 
@@ -189,6 +231,34 @@ inline void save_hf_config(const model_config& c, const std::filesystem::path& p
   out << j.dump(2) << '\n';
   out.close();
   check(static_cast<bool>(out), file.string(), ": write failed");
+}
+
+/// Checks, before a model is allocated, that the checkpoint at `path` (as load_hf_weights
+/// takes it) can hold the model `c` describes: its tensors together must have at least the
+/// model's parameter count, and model.embed_tokens.weight must be (vocab_size, hidden_size).
+/// A config.json that does not match its weights (an 8B config beside tiny weights) is then
+/// an error naming both sizes instead of an allocation of the config's size.
+inline void check_hf_checkpoint_size(const model_config& c, const std::filesystem::path& path) {
+  const hf_checkpoint ck = hf_checkpoint::open(path);
+  const std::string& src = ck.description();
+  if (ck.contains("model.embed_tokens.weight")) {
+    const tensor_info& e = ck.info("model.embed_tokens.weight");
+    check(e.shape.size() == 2 && e.shape[0] == c.vocab_size && e.shape[1] == c.hidden_size, src,
+          ": tensor 'model.embed_tokens.weight' has shape ", io::detail::shape_string(e.shape),
+          ", config.json says vocab_size ", c.vocab_size, " x hidden_size ", c.hidden_size);
+  }
+  std::uint64_t held = 0;
+  for (const std::string& name : ck.names()) {
+    const tensor_info& t = ck.info(name);
+    std::uint64_t n = 1;
+    for (index_t e : t.shape) n = checked_product({n, static_cast<std::uint64_t>(e)}).value_or(0);
+    held = checked_sum(held, n).value_or(std::numeric_limits<std::uint64_t>::max());
+  }
+  const auto count = hf_parameter_count(c);
+  check(count && *count <= held, src, ": config.json describes a model of ",
+        count ? std::to_string(*count) : std::string("more than 2^64"),
+        " parameters, more than the ", held,
+        " values the checkpoint holds (does config.json match the weights?)");
 }
 
 /// Options of load_hf_weights.
