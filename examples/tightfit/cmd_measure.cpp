@@ -3,13 +3,18 @@
 //   tightfit measure CLOUD [CLOUD ...] [--method mebb|aabb|pca|trimmed|hull]
 //                    [--belt auto|none|Z] [--unit m|mm] [--json]
 // Clouds are PLY (ASCII or binary little-endian) or XYZ/CSV text, in metres unless --unit mm.
-// Several clouds are measured in parallel (oneTBB). Dimensions are printed in millimetres.
+// Several clouds are measured one at a time (one in memory). Dimensions are printed in
+// millimetres with their 95 % intervals. Exit codes: 0 every measurement ok, 1 a cloud could not
+// be read or measured, 2 bad arguments, 3 a measurement is not trustworthy (status
+// low_confidence or failed, reasons in the output).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "commands.hpp"
 #include "tightfit/geometry/cloud_io.hpp"
@@ -28,80 +33,76 @@ void measure_usage(std::FILE* out) {
       "                        [--belt auto|none|Z] [--unit m|mm] [--json]\n"
       "  CLOUD     a PLY (ascii or binary little-endian, float/double x y z) or XYZ/CSV file\n"
       "  --method  mebb (default; excludes handles, wheels, straps) or a baseline box\n"
-      "  --belt    auto: find the belt plane by RANSAC (default; none found: full 3D);\n"
+      "  --belt    auto: find the belt plane (default; none found: full 3D, low confidence);\n"
       "            none: full-3D cloud, all six faces elastic; Z: the belt is the plane z = Z\n"
       "  --unit    coordinates in metres (default) or millimetres\n"
       "  --json    one JSON object per cloud (an array for several clouds)\n"
-      "prints length x width x height in mm (L >= W >= H); exit 1 on bad input\n");
+      "prints length x width x height in mm (L >= W >= H) with 95 %% intervals and a status;\n"
+      "exit 0 ok, 1 bad input, 2 bad arguments, 3 a measurement is not trustworthy\n");
 }
 
 const char* flag_names[] = {"near_square", "soft_retry", "safeguard",    "appendage",
                             "flat",        "line",       "not_converged"};
 
-std::string json_measurement(const std::string& file, const tg::measurement& m, double to_mm) {
-  char buf[512];
-  std::string s = "{\"file\": \"";
-  for (char c : file) {
-    if (c == '"' || c == '\\') s += '\\';
-    s += c;
-  }
-  std::snprintf(buf, sizeof buf,
-                "\", \"method\": \"%s\", \"length\": %.2f, \"width\": %.2f, \"height\": %.2f, "
-                "\"unit\": \"mm\", "
-                "\"centre\": [%.2f, %.2f, %.2f], \"rotation\": [",
-                tg::method_name(m.method), m.dims[0] * 1000, m.dims[1] * 1000, m.dims[2] * 1000,
-                m.box.centre.x() * to_mm, m.box.centre.y() * to_mm, m.box.centre.z() * to_mm);
-  s += buf;
+nlohmann::ordered_json json_measurement(const std::string& file, const tg::measurement& m,
+                                        double to_mm) {
+  using nlohmann::ordered_json;
+  auto mm3 = [](const Eigen::Vector3d& v, double f) {
+    return ordered_json::array({v.x() * f, v.y() * f, v.z() * f});
+  };
+  ordered_json j;
+  j["file"] = file;  // escaped by the JSON library (quotes, newlines, control characters)
+  j["method"] = tg::method_name(m.method);
+  j["status"] = tg::status_name(m.status);
+  j["reasons"] = m.reasons;
+  j["length"] = m.dims[0] * 1000;
+  j["width"] = m.dims[1] * 1000;
+  j["height"] = m.dims[2] * 1000;
+  j["unit"] = "mm";
+  if (m.mebb)
+    j["uncertainty_95"] = {m.uncertainty[0] * 1000, m.uncertainty[1] * 1000,
+                           m.uncertainty[2] * 1000};
+  else
+    j["uncertainty_95"] = nullptr;
+  j["centre"] = mm3(m.box.centre, to_mm);
+  ordered_json rot = ordered_json::array();
   for (int r = 0; r < 3; ++r)
-    for (int c = 0; c < 3; ++c) {
-      std::snprintf(buf, sizeof buf, "%s%.9f", r + c ? ", " : "", m.box.rotation(r, c));
-      s += buf;
-    }
-  std::snprintf(buf, sizeof buf, "], \"extent\": [%.2f, %.2f, %.2f]", m.box.extent[0] * 1000,
-                m.box.extent[1] * 1000, m.box.extent[2] * 1000);
-  s += buf;
+    for (int c = 0; c < 3; ++c) rot.push_back(m.box.rotation(r, c));
+  j["rotation"] = rot;
+  j["extent"] = mm3(m.box.extent, 1000);
   const auto env = m.envelope.sorted_dims();
-  std::snprintf(buf, sizeof buf, ", \"envelope\": [%.2f, %.2f, %.2f]", env[0] * 1000, env[1] * 1000,
-                env[2] * 1000);
-  s += buf;
-  if (m.belt) {
-    std::snprintf(buf, sizeof buf, ", \"belt\": {\"normal\": [%.6f, %.6f, %.6f], \"offset\": %.2f}",
-                  m.belt->normal.x(), m.belt->normal.y(), m.belt->normal.z(),
-                  m.belt->offset * to_mm);
-    s += buf;
-  } else {
-    s += ", \"belt\": null";
-  }
-  s += ", \"flags\": [";
+  j["envelope"] = {env[0] * 1000, env[1] * 1000, env[2] * 1000};
+  if (m.belt)
+    j["belt"] = {{"normal", mm3(m.belt->normal, 1)},
+                 {"offset", m.belt->offset * to_mm},
+                 {"sigma", m.belt_sigma * 1000}};
+  else
+    j["belt"] = nullptr;
+  ordered_json flags = ordered_json::array();
   if (m.mebb) {
-    bool first = true;
     for (int k = 0; k < 7; ++k)
-      if (m.mebb->flags >> k & 1u) {
-        s += first ? "\"" : ", \"";
-        s += flag_names[k];
-        s += "\"";
-        first = false;
-      }
-    s += "], \"trim\": {";
+      if (m.mebb->flags >> k & 1u) flags.push_back(flag_names[k]);
     const char* faces[] = {"+x", "-x", "+y", "-y", "+z", "-z"};
-    for (int f = 0; f < 6; ++f) {
-      std::snprintf(buf, sizeof buf, "%s\"%s\": %.2f", f ? ", " : "", faces[f],
-                    m.mebb->trim[static_cast<std::size_t>(f)] * 1000);
-      s += buf;
-    }
-    s += "}";
+    ordered_json trim;
+    for (std::size_t f = 0; f < 6; ++f) trim[faces[f]] = m.mebb->trim[f] * 1000;
+    j["flags"] = flags;
+    j["trim"] = trim;
   } else {
-    s += "], \"trim\": null";
+    j["flags"] = flags;
+    j["trim"] = nullptr;
   }
-  std::snprintf(buf, sizeof buf, ", \"points\": %zu, \"points_used\": %zu}", m.points_in,
-                m.points_used);
-  s += buf;
-  return s;
+  j["points"] = m.points_in;
+  j["points_used"] = m.points_used;
+  return j;
 }
 
 void print_text(const std::string& file, const tg::measurement& m) {
-  std::printf("%s: %.1f x %.1f x %.1f mm (%s", file.c_str(), m.dims[0] * 1000, m.dims[1] * 1000,
-              m.dims[2] * 1000, tg::method_name(m.method));
+  std::printf("%s: %.1f x %.1f x %.1f mm", file.c_str(), m.dims[0] * 1000, m.dims[1] * 1000,
+              m.dims[2] * 1000);
+  if (m.mebb)
+    std::printf(" (+- %.1f, %.1f, %.1f mm at 95 %%)", m.uncertainty[0] * 1000,
+                m.uncertainty[1] * 1000, m.uncertainty[2] * 1000);
+  std::printf(" (%s", tg::method_name(m.method));
   if (m.mebb) {
     const auto env = m.envelope.sorted_dims();
     std::printf("; envelope %.1f x %.1f x %.1f mm", env[0] * 1000, env[1] * 1000, env[2] * 1000);
@@ -109,6 +110,26 @@ void print_text(const std::string& file, const tg::measurement& m) {
       if (m.mebb->flags >> k & 1u) std::printf("; %s", flag_names[k]);
   }
   std::printf("%s)\n", m.belt ? "" : "; no belt: full 3D");
+  if (m.status != tg::measure_status::ok) {
+    std::printf("  %s: not a trustworthy measurement:",
+                m.status == tg::measure_status::failed ? "FAILED" : "LOW CONFIDENCE");
+    for (std::size_t k = 0; k < m.reasons.size(); ++k)
+      std::printf("%s %s (%s)", k ? ";" : "", tg::reason_text(m.reasons[k]), m.reasons[k].c_str());
+    std::printf("\n");
+  }
+}
+
+// A hint when the coordinates look like millimetres read as metres.
+void unit_hint(const tg::points& p, const std::string& unit) {
+  if (unit != "m" || p.empty()) return;
+  Eigen::Vector3d lo = p[0], hi = p[0];
+  for (const auto& q : p) lo = lo.cwiseMin(q), hi = hi.cwiseMax(q);
+  const double span = (hi - lo).maxCoeff();
+  if (span > 50)
+    std::fprintf(stderr,
+                 "tightfit measure: hint: the cloud spans %.0f m; if its coordinates are in "
+                 "millimetres, pass --unit mm\n",
+                 span);
 }
 
 }  // namespace
@@ -176,48 +197,30 @@ int measure(int argc, char** argv) {
   }
   const tg::box_method m = tg::parse_box_method(method);
 
-  if (files.size() == 1) {  // errors propagate: "tightfit measure: <what>", exit 1
-    tg::points p = tg::read_cloud(files[0]);
-    for (auto& q : p) q *= scale;
-    const tg::measurement r = tg::measure(p, m, choice);
-    if (json)
-      std::printf("%s\n", json_measurement(files[0], r, 1000).c_str());
-    else
-      print_text(files[0], r);
-    return 0;
-  }
-  // several clouds: read, then measure in parallel; a bad cloud is reported and skipped
-  std::vector<tg::points> clouds(files.size());
-  std::vector<std::string> read_error(files.size());
-  for (std::size_t i = 0; i < files.size(); ++i) {
+  // one cloud at a time (never all in memory): a bad one is reported and the others go on
+  int errors = 0, untrusted = 0;
+  nlohmann::ordered_json all = nlohmann::ordered_json::array();
+  for (const auto& file : files) {
     try {
-      clouds[i] = tg::read_cloud(files[i]);
-      for (auto& q : clouds[i]) q *= scale;
+      tg::points p = tg::read_cloud(file);
+      for (auto& q : p) q *= scale;
+      unit_hint(p, unit);
+      const tg::measurement r = tg::measure(p, m, choice);
+      untrusted += r.status != tg::measure_status::ok;
+      if (json && files.size() == 1)
+        std::printf("%s\n", json_measurement(file, r, 1000).dump(2).c_str());
+      else if (json)
+        all.push_back(json_measurement(file, r, 1000));
+      else
+        print_text(file, r);
     } catch (const std::exception& e) {
-      read_error[i] = e.what();
+      std::fprintf(stderr, "tightfit measure: %s: %s\n", file.c_str(), e.what());
+      ++errors;
     }
   }
-  const auto results = tg::measure_many(clouds, m, choice);
-  int status = 0;
-  if (json) std::printf("[\n");
-  bool first = true;
-  for (std::size_t i = 0; i < files.size(); ++i) {
-    const std::string err = !read_error[i].empty() ? read_error[i] : results[i].error;
-    if (!err.empty() || !results[i].result) {
-      std::fprintf(stderr, "tightfit measure: %s: %s\n", files[i].c_str(), err.c_str());
-      status = 1;
-      continue;
-    }
-    if (json) {
-      std::printf("%s  %s", first ? "" : ",\n",
-                  json_measurement(files[i], *results[i].result, 1000).c_str());
-      first = false;
-    } else {
-      print_text(files[i], *results[i].result);
-    }
-  }
-  if (json) std::printf("\n]\n");
-  return status;
+  if (json && files.size() > 1) std::printf("%s\n", all.dump(2).c_str());
+  // exit 1: a cloud could not be measured; 3: a measurement is not trustworthy (status)
+  return errors ? 1 : untrusted ? 3 : 0;
 }
 
 }  // namespace tightfit::cli

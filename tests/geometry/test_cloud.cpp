@@ -168,7 +168,7 @@ TEST_CASE("RANSAC recovers a tilted plane; the belt is detected under a box, not
   tg::points scene = p;
   for (const auto& q : box)
     if (rot.col(2).dot(q - tg::point3(1, 2, 3)) > 0.004) scene.push_back(q);
-  const auto belt = tg::detect_belt(scene, 0.005);
+  const auto belt = tg::detect_belt(scene);
   REQUIRE(belt.has_value());
   CHECK(belt->fitted.normal.dot(rot.col(2)) > 0.9999);
   CHECK(std::abs(belt->fitted.distance(tg::point3(1, 2, 3))) < 0.002);
@@ -176,7 +176,7 @@ TEST_CASE("RANSAC recovers a tilted plane; the belt is detected under a box, not
   tg::points top_only;
   for (const auto& q : box)
     if (rot.col(2).dot(q - tg::point3(1, 2, 3)) > 0.004) top_only.push_back(q);
-  CHECK_FALSE(tg::detect_belt(top_only, 0.005).has_value());
+  CHECK_FALSE(tg::detect_belt(top_only).has_value());
   // the belt frame maps the plane to z = 0 with +z up
   const auto t = tg::belt_frame(belt->fitted);
   CHECK(std::abs(t.apply(tg::point3(1, 2, 3)).z()) < 0.002);

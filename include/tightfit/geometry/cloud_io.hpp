@@ -5,13 +5,20 @@
 //
 // Every malformed input (missing header fields, big-endian or list vertex properties, truncated
 // data, a bad number, NaN or infinite coordinates) raises tightfit::error naming the file and the
-// offending line, vertex or property; nothing is silently skipped.
+// offending line, vertex or property; nothing is silently skipped. Untrusted sizes: every count
+// read from a file is checked against the file's length before anything is allocated (a
+// 243-byte PLY cannot claim 10^8 vertices; element sizes cannot overflow), lines are read with a
+// bounded length (a header line, or an XYZ line, longer than max_line_bytes is an error, so
+// /dev/zero or a file without newlines cannot grow memory), and data of unknown length (a pipe)
+// is read in bounded chunks.
 #pragma once
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -22,7 +29,40 @@
 
 namespace tightfit::geometry {
 
+/// The longest line read_ply (header) and read_xyz accept.
+inline constexpr std::size_t max_line_bytes = 1u << 16;
+
 namespace detail {
+// getline with a bound: false at the end of the input; throws when a line exceeds `limit`.
+inline bool bounded_getline(std::istream& in, std::string& line, const std::string& path,
+                            const char* where, long long lineno,
+                            std::size_t limit = max_line_bytes) {
+  line.clear();
+  std::streambuf* sb = in.rdbuf();
+  for (;;) {
+    const int c = sb->sbumpc();
+    if (c == std::char_traits<char>::eof()) {
+      in.setstate(std::ios::eofbit);
+      return !line.empty();
+    }
+    if (c == '\n') return true;
+    line.push_back(static_cast<char>(c));
+    check(line.size() <= limit, where, ": '", path, "' line ", lineno, " is longer than ", limit,
+          " bytes, expected a line of text");
+  }
+}
+
+// The number of bytes left in `in` from its current position (-1 when unknown: not a regular
+// file, e.g. a pipe or /dev/zero).
+inline long long bytes_left(std::istream& in, const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return -1;
+  const auto size = std::filesystem::file_size(path, ec);
+  const auto pos = in.tellg();
+  if (ec || pos < 0) return -1;
+  return static_cast<long long>(size) - static_cast<long long>(pos);
+}
+
 inline int ply_type_size(const std::string& t) {
   if (t == "char" || t == "uchar" || t == "int8" || t == "uint8") return 1;
   if (t == "short" || t == "ushort" || t == "int16" || t == "uint16") return 2;
@@ -54,7 +94,7 @@ inline points read_ply(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   check(in.good(), "read_ply: cannot open '", path, "'");
   std::string line;
-  std::getline(in, line);
+  detail::bounded_getline(in, line, path, "read_ply", 1, 64);
   if (!line.empty() && line.back() == '\r') line.pop_back();
   check(line == "ply", "read_ply: '", path, "' starts with '", line.substr(0, 40),
         "', expected 'ply'");
@@ -62,8 +102,9 @@ inline points read_ply(const std::string& path) {
   std::vector<detail::ply_element> elements;
   bool ended = false;
   int lineno = 1;
-  while (std::getline(in, line)) {
+  while (detail::bounded_getline(in, line, path, "read_ply", lineno + 1)) {
     ++lineno;
+    check(lineno <= 100000, "read_ply: '", path, "' has a header of more than 100000 lines");
     if (!line.empty() && line.back() == '\r') line.pop_back();
     std::istringstream ls(line);
     std::string kw;
@@ -74,8 +115,8 @@ inline points read_ply(const std::string& path) {
       detail::ply_element e;
       long long n = -1;
       ls >> e.name >> n;
-      check(!ls.fail() && n >= 0, "read_ply: '", path, "' line ", lineno, ": bad element line '",
-            line, "'");
+      check(!ls.fail() && n >= 0 && n < (1ll << 40), "read_ply: '", path, "' line ", lineno,
+            ": bad element line '", line, "' (expected a count in [0, 2^40))");
       e.count = static_cast<std::size_t>(n);
       elements.push_back(e);
     } else if (kw == "property") {
@@ -122,11 +163,28 @@ inline points read_ply(const std::string& path) {
           "' is a list, expected scalars");
   }
   check(ix >= 0 && iy >= 0 && iz >= 0, "read_ply: '", path, "' vertex element lacks x, y or z");
+  // every count against what the file can hold, before anything is allocated
+  const long long left = detail::bytes_left(in, path);
+  {
+    long long need = 0;  // bytes the elements up to the vertices need at least
+    for (std::size_t e = 0; e <= vi; ++e) {
+      long long per = 0;  // bytes per entry at least (ascii: a digit and a separator each)
+      for (const auto& p : elements[e].props)
+        per += ascii ? 2 : (p.list ? 1 : detail::ply_type_size(p.type));
+      per = std::max<long long>(per, 1);
+      const auto count = static_cast<long long>(elements[e].count);
+      if (left >= 0)
+        check(count <= (left - need) / per, "read_ply: '", path, "' element '", elements[e].name,
+              "' claims ", elements[e].count, " entries of at least ", per,
+              " bytes, but the file has only ", left - need, " bytes left");
+      need += count * per;
+    }
+  }
   // skip the elements before the vertices
   for (std::size_t e = 0; e < vi; ++e) {
     if (ascii) {
       for (std::size_t r = 0; r < elements[e].count; ++r)
-        check(static_cast<bool>(std::getline(in, line)), "read_ply: '", path,
+        check(detail::bounded_getline(in, line, path, "read_ply", lineno), "read_ply: '", path,
               "' ends inside element '", elements[e].name, "'");
     } else {
       std::size_t sz = 0;
@@ -135,15 +193,18 @@ inline points read_ply(const std::string& path) {
               "' before the vertices, expected the vertex element first");
         sz += static_cast<std::size_t>(detail::ply_type_size(p.type));
       }
+      // sz * count fits: the count was checked against the file length above
       in.seekg(static_cast<std::streamoff>(sz * elements[e].count), std::ios::cur);
+      check(in.good(), "read_ply: '", path, "' ends inside element '", elements[e].name, "'");
     }
   }
-  points out(ve.count);
+  points out;
+  out.reserve(std::min<std::size_t>(ve.count, 1u << 20));  // grows with the data actually read
   if (ascii) {
     std::vector<double> vals(ve.props.size());
     for (std::size_t r = 0; r < ve.count; ++r) {
-      check(static_cast<bool>(std::getline(in, line)), "read_ply: '", path, "' ends after ", r,
-            " of ", ve.count, " vertices");
+      check(detail::bounded_getline(in, line, path, "read_ply", lineno), "read_ply: '", path,
+            "' ends after ", r, " of ", ve.count, " vertices");
       std::istringstream ls(line);
       for (std::size_t k = 0; k < vals.size(); ++k) {
         std::string tok;
@@ -153,19 +214,17 @@ inline points read_ply(const std::string& path) {
         check(!tok.empty() && end && *end == '\0', "read_ply: '", path, "' vertex ", r,
               ": property '", ve.props[k].name, "' is '", tok, "', expected a number");
       }
-      out[r] = point3(vals[static_cast<std::size_t>(ix)], vals[static_cast<std::size_t>(iy)],
-                      vals[static_cast<std::size_t>(iz)]);
+      out.emplace_back(vals[static_cast<std::size_t>(ix)], vals[static_cast<std::size_t>(iy)],
+                       vals[static_cast<std::size_t>(iz)]);
     }
   } else {
     std::vector<std::size_t> offs(ve.props.size());
     std::size_t stride = 0;
     for (std::size_t k = 0; k < ve.props.size(); ++k)
       offs[k] = stride, stride += static_cast<std::size_t>(detail::ply_type_size(ve.props[k].type));
-    std::vector<char> buf(stride * ve.count);
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    const auto got = static_cast<std::size_t>(in.gcount());
-    check(got == buf.size(), "read_ply: '", path, "' ends after ",
-          got / std::max<std::size_t>(stride, 1), " of ", ve.count, " vertices");
+    // in chunks of at most 2^16 vertices: memory follows the data actually present
+    const std::size_t chunk = 1u << 16;
+    std::vector<char> buf(stride * std::min(ve.count, chunk));
     auto get = [&](std::size_t r, int k) {
       const char* p = buf.data() + r * stride + offs[static_cast<std::size_t>(k)];
       if (detail::ply_is_float(ve.props[static_cast<std::size_t>(k)].type)) {
@@ -177,7 +236,15 @@ inline points read_ply(const std::string& path) {
       std::memcpy(&d, p, 8);
       return d;
     };
-    for (std::size_t r = 0; r < ve.count; ++r) out[r] = point3(get(r, ix), get(r, iy), get(r, iz));
+    for (std::size_t done = 0; done < ve.count;) {
+      const std::size_t n = std::min(chunk, ve.count - done);
+      in.read(buf.data(), static_cast<std::streamsize>(n * stride));
+      const auto got = static_cast<std::size_t>(in.gcount());
+      check(got == n * stride, "read_ply: '", path, "' ends after ", done + got / stride, " of ",
+            ve.count, " vertices");
+      for (std::size_t r = 0; r < n; ++r) out.emplace_back(get(r, ix), get(r, iy), get(r, iz));
+      done += n;
+    }
   }
   for (std::size_t r = 0; r < out.size(); ++r)
     check(out[r].allFinite(), "read_ply: '", path, "' vertex ", r, " is (", out[r].x(), ", ",
@@ -185,15 +252,31 @@ inline points read_ply(const std::string& path) {
   return out;
 }
 
-/// Reads XYZ/CSV text: the first three numbers of every non-empty, non-comment line.
+namespace detail {
+// Whether the first three fields name x, y and z (any case, optionally with a suffix such as
+// "x_m" or "X [mm]"): the header line read_xyz allows.
+inline bool xyz_header(const std::string (&tok)[3]) {
+  const char want[3] = {'x', 'y', 'z'};
+  for (int k = 0; k < 3; ++k) {
+    const std::string& t = tok[k];
+    if (t.empty() || std::tolower(static_cast<unsigned char>(t[0])) != want[k]) return false;
+    if (t.size() > 1 && std::isalpha(static_cast<unsigned char>(t[1]))) return false;
+  }
+  return true;
+}
+}  // namespace detail
+
+/// Reads XYZ/CSV text: the first three numbers of every non-empty, non-comment line. A first
+/// line that is not three numbers is an error unless it names x, y and z (a header); a line
+/// longer than max_line_bytes is an error.
 inline points read_xyz(const std::string& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   check(in.good(), "read_xyz: cannot open '", path, "'");
   points out;
   std::string line;
-  int lineno = 0;
+  long long lineno = 0;
   bool first = true;
-  while (std::getline(in, line)) {
+  while (detail::bounded_getline(in, line, path, "read_xyz", lineno + 1)) {
     ++lineno;
     for (auto& ch : line)
       if (ch == ',' || ch == ';' || ch == '\t' || ch == '\r') ch = ' ';
@@ -211,7 +294,7 @@ inline points read_xyz(const std::string& path) {
       v[k] = std::strtod(tok[k].c_str(), &end);
       ok = ok && !tok[k].empty() && end && *end == '\0';
     }
-    if (!ok && first) {  // one header line ("x,y,z") is allowed
+    if (!ok && first && detail::xyz_header(tok)) {  // one header line ("x,y,z") is allowed
       first = false;
       continue;
     }

@@ -19,41 +19,198 @@
 
 namespace tightfit::geometry {
 
-/// One centroid per occupied cube of side `h`, so every unit of surface carries the same weight
-/// whatever the range or viewing angle. Output order: by voxel key (deterministic).
-/// With `voxel_of`, also returns for every input point the index of its output centroid.
+namespace detail {
+// Order-independent voxel accumulation. Cells are cubes of side h on the lattice through
+// `origin` (cell k spans [origin + k h, origin + (k+1) h) on each axis); each point adds its offset
+// inside its cell as a 32-bit fixed-point fraction to integer sums, so a cell's centroid is
+// bit-identical for any order of the points, and duplicating every point leaves it unchanged (2S /
+// 2n = S / n).
+struct voxel_accumulator {
+  struct cell {
+    std::uint64_t key = empty_key;
+    std::uint64_t sum[3] = {0, 0, 0};
+    std::uint64_t n = 0;
+  };
+  static constexpr std::uint64_t empty_key = ~std::uint64_t{0};
+  static constexpr std::int64_t bias = 1048576;  // 2^20: lattice indices in (-2^20, 2^20)
+  double h, inv;
+  point3 origin = point3::Zero();
+  std::vector<cell> table;  // (capacity) open addressing, linear probing
+  std::size_t used = 0;
+  std::uint64_t last_key = empty_key;  // scans come in raster order: the same cell repeats
+  std::size_t last_slot = 0;
+
+  explicit voxel_accumulator(double size, std::size_t expect = 1024,
+                             const point3& at = point3::Zero())
+      : h(size), inv(1.0 / size), origin(at) {
+    check(size > 0 && std::isfinite(size), "voxel grid: voxel size is ", size, ", expected > 0");
+    std::size_t cap = 64;
+    while (cap < 2 * expect) cap *= 2;
+    table.resize(cap);
+  }
+  // the lattice index of a coordinate; |index| < 2^20 so that three fit a 63-bit key
+  std::int64_t index(double x) const {
+    const double f = std::floor(x * inv);
+    if (!(std::abs(f) < 1048575.0))
+      fail("voxel grid: coordinate ", x, " lies ", f, " voxels of ", h,
+           " from the origin, expected fewer than 2^20 (is the cloud in metres?)");
+    return static_cast<std::int64_t>(f);
+  }
+  static std::int64_t unpack(std::uint64_t key, int a) {
+    return static_cast<std::int64_t>((key >> (42 - 21 * a)) & ((1u << 21) - 1)) - bias;
+  }
+  // adds p; returns its slot in `table` (valid until the next rehash)
+  std::size_t add(const point3& p) {
+    std::int64_t k[3];
+    std::uint64_t frac[3];
+    for (int a = 0; a < 3; ++a) {
+      const double x = p[a] - origin[a];
+      k[a] = index(x);
+      double f = (x - static_cast<double>(k[a]) * h) * inv;  // in [0, 1) up to rounding
+      f = std::clamp(f, 0.0, 1.0);
+      frac[a] = static_cast<std::uint64_t>(f * 4294967295.0);
+    }
+    const std::uint64_t key = (static_cast<std::uint64_t>(k[0] + bias) << 42) |
+                              (static_cast<std::uint64_t>(k[1] + bias) << 21) |
+                              static_cast<std::uint64_t>(k[2] + bias);
+    std::size_t s = last_slot;
+    if (key != last_key) {
+      if (2 * (used + 1) > table.size()) grow();
+      s = find_slot(key);
+      if (table[s].key == empty_key) table[s].key = key, ++used;
+      last_key = key, last_slot = s;
+    }
+    cell& c = table[s];
+    for (int a = 0; a < 3; ++a) c.sum[a] += frac[a];
+    ++c.n;
+    return s;
+  }
+  std::size_t find_slot(std::uint64_t key) const {
+    const std::size_t mask = table.size() - 1;
+    // Fibonacci hashing: the top bits of the product depend on every bit of the key
+    std::size_t s =
+        static_cast<std::size_t>(((key ^ (key >> 29)) * 0x9E3779B97F4A7C15ull) >> 32) & mask;
+    while (table[s].key != empty_key && table[s].key != key) s = (s + 1) & mask;
+    return s;
+  }
+  void grow() {
+    std::vector<cell> old(table.size() * 2);
+    old.swap(table);
+    last_key = empty_key;
+    for (const cell& c : old)
+      if (c.key != empty_key) table[find_slot(c.key)] = c;
+  }
+  point3 centroid(const cell& c) const {
+    point3 out;
+    const double n = static_cast<double>(c.n) * 4294967295.0;
+    for (int a = 0; a < 3; ++a)
+      out[a] = origin[a] +
+               (static_cast<double>(unpack(c.key, a)) + static_cast<double>(c.sum[a]) / n) * h;
+    return out;
+  }
+  // the occupied slots sorted by key (the canonical, order-independent cell order)
+  std::vector<std::size_t> sorted_slots() const {
+    std::vector<std::size_t> s;
+    s.reserve(used);
+    for (std::size_t i = 0; i < table.size(); ++i)
+      if (table[i].key != empty_key) s.push_back(i);
+    std::sort(s.begin(), s.end(),
+              [&](std::size_t a, std::size_t b) { return table[a].key < table[b].key; });
+    return s;
+  }
+};
+}  // namespace detail
+
+/// One centroid per occupied cube of side `h` (the lattice starts at the cloud's minimum corner),
+/// so every unit of surface carries the same weight whatever the range or viewing angle. Output
+/// order: by voxel key. The centroids are bit-identical for any order of the input points and
+/// with every point duplicated (integer fixed-point sums; the minimum corner does not depend on
+/// the order either). With `voxel_of`, also returns for every input point the index of its
+/// output centroid.
+/// With `phase`, the lattice starts at the minimum corner minus phase x h on every axis.
 inline points voxel_downsample(const points& in, double h,
-                               std::vector<std::uint32_t>* voxel_of = nullptr) {
+                               std::vector<std::uint32_t>* voxel_of = nullptr, double phase = 0) {
   check(h > 0 && std::isfinite(h), "voxel_downsample: voxel size is ", h, ", expected > 0");
   if (in.empty()) return {};
   point3 lo = in[0];
   for (const auto& p : in) lo = lo.cwiseMin(p);
-  const double inv = 1.0 / h;
-  std::vector<std::pair<std::uint64_t, std::uint32_t>> keys(in.size());
+  lo.array() -= phase * h;
+  detail::voxel_accumulator acc(h, in.size() / 8 + 16, lo);
+  std::vector<std::uint64_t> key_of;
+  if (voxel_of) key_of.resize(in.size());
   for (std::size_t i = 0; i < in.size(); ++i) {
-    const auto ix = static_cast<std::uint64_t>((in[i].x() - lo.x()) * inv);
-    const auto iy = static_cast<std::uint64_t>((in[i].y() - lo.y()) * inv);
-    const auto iz = static_cast<std::uint64_t>((in[i].z() - lo.z()) * inv);
-    check(ix < (1u << 21) && iy < (1u << 21) && iz < (1u << 21),
-          "voxel_downsample: the cloud spans ", (std::max({ix, iy, iz}) + 1), " voxels of ", h,
-          ", expected at most 2^21 per axis");
-    keys[i] = {(ix << 42) | (iy << 21) | iz, static_cast<std::uint32_t>(i)};
+    const std::size_t s = acc.add(in[i]);
+    if (voxel_of) key_of[i] = acc.table[s].key;
   }
-  std::sort(keys.begin(), keys.end());
-  points out;
-  if (voxel_of) voxel_of->assign(in.size(), 0);
-  std::size_t i = 0;
-  while (i < keys.size()) {
-    std::size_t j = i;
-    point3 sum = point3::Zero();
-    while (j < keys.size() && keys[j].first == keys[i].first) {
-      if (voxel_of) (*voxel_of)[keys[j].second] = static_cast<std::uint32_t>(out.size());
-      sum += in[keys[j++].second];
-    }
-    out.push_back(sum / static_cast<double>(j - i));
-    i = j;
+  const auto slots = acc.sorted_slots();
+  points out(slots.size());
+  for (std::size_t r = 0; r < slots.size(); ++r) out[r] = acc.centroid(acc.table[slots[r]]);
+  if (voxel_of) {
+    voxel_of->resize(in.size());
+    std::vector<std::uint64_t> keys(slots.size());
+    for (std::size_t r = 0; r < slots.size(); ++r) keys[r] = acc.table[slots[r]].key;
+    for (std::size_t i = 0; i < in.size(); ++i)
+      (*voxel_of)[i] = static_cast<std::uint32_t>(
+          std::lower_bound(keys.begin(), keys.end(), key_of[i]) - keys.begin());
   }
   return out;
+}
+
+/// Mixed-pixel ("veil") filter for a cloud seen from above (belt frame, z up): keeps the points
+/// whose top-view neighbourhood (the (2 radius + 1)^2 columns of side `cell` around theirs)
+/// holds at least `share` times the median neighbourhood count. A depth camera sees every surface
+/// as a dense sheet of pixels in the top view (a few per column), while mixed pixels at a depth
+/// jump (interpolated between the edge of an object and the belt behind it) form sparse veils
+/// along the camera rays: one point per image row, spread over the depth of the jump, so a
+/// column holding a veil point holds just that one. Returns the keep mask (1: kept).
+/// Independent of the order of the points.
+inline std::vector<char> top_view_dense(const points& p, double cell, double share,
+                                        int radius = 0) {
+  std::vector<char> keep(p.size(), 1);
+  if (p.empty() || share <= 0) return keep;
+  // columns: flat index of (floor(x / cell), floor(y / cell)), counted in a sorted key list
+  const double inv = 1.0 / cell;
+  std::vector<std::uint64_t> key(p.size());
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const double fx = std::floor(p[i].x() * inv), fy = std::floor(p[i].y() * inv);
+    if (!(std::abs(fx) < 1e9 && std::abs(fy) < 1e9)) return keep;  // absurd extent: no filter
+    key[i] = (static_cast<std::uint64_t>(static_cast<std::int64_t>(fx) + (1ll << 31)) << 32) |
+             static_cast<std::uint64_t>(static_cast<std::int64_t>(fy) + (1ll << 31));
+  }
+  std::vector<std::uint64_t> sorted = key;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<std::uint64_t> cols;   // (m) distinct keys
+  std::vector<std::uint32_t> count;  // (m) points per column
+  for (std::size_t i = 0; i < sorted.size(); ++i) {
+    if (cols.empty() || cols.back() != sorted[i]) cols.push_back(sorted[i]), count.push_back(0);
+    ++count.back();
+  }
+  auto at = [&](std::uint64_t k) -> std::uint32_t {
+    auto it = std::lower_bound(cols.begin(), cols.end(), k);
+    return it != cols.end() && *it == k ? count[static_cast<std::size_t>(it - cols.begin())] : 0;
+  };
+  std::vector<double> window(cols.size());  // (m) 3 x 3 neighbourhood counts
+  for (std::size_t c = 0; c < cols.size(); ++c) {
+    double w = 0;
+    const auto r = static_cast<std::uint64_t>(std::max(radius, 0));
+    for (std::uint64_t dx = 0; dx <= 2 * r; ++dx)
+      for (std::uint64_t dy = 0; dy <= 2 * r; ++dy)
+        w += at(cols[c] + (dx << 32) + dy - (r << 32) - r);
+    window[c] = w;
+  }
+  std::vector<double> per_point;  // the median over points (dense areas weigh by their points)
+  per_point.reserve(cols.size());
+  for (std::size_t c = 0; c < cols.size(); ++c)
+    for (std::uint32_t k = 0; k < std::min<std::uint32_t>(count[c], 64); ++k)
+      per_point.push_back(window[c]);
+  const auto mid = static_cast<std::ptrdiff_t>(per_point.size() / 2);
+  std::nth_element(per_point.begin(), per_point.begin() + mid, per_point.end());
+  const double limit = share * per_point[static_cast<std::size_t>(mid)];
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const auto it = std::lower_bound(cols.begin(), cols.end(), key[i]);
+    keep[i] = window[static_cast<std::size_t>(it - cols.begin())] >= limit;
+  }
+  return keep;
 }
 
 namespace detail {

@@ -1,6 +1,7 @@
 // tightfit/geometry/geometry.hpp: the geometry half of tightfit (umbrella header): point cloud
-// concept, kd-tree, filters, belt plane, PCA, baseline boxes, MEBB, measure(), PLY/XYZ I/O and
-// the suitcase scene generator.
+// concept, kd-tree, filters, belt plane, PCA, baseline boxes, MEBB, measure() with its status
+// and uncertainty, PLY/XYZ I/O. (The suitcase scene generator of the tests and the benchmark lives
+// in bench/geometry/scene.hpp, outside the installed library.)
 #pragma once
 
 #include "tightfit/geometry/box.hpp"
@@ -12,4 +13,4 @@
 #include "tightfit/geometry/pca.hpp"
 #include "tightfit/geometry/plane.hpp"
 #include "tightfit/geometry/point_cloud.hpp"
-#include "tightfit/geometry/scene.hpp"
+#include "tightfit/geometry/quality.hpp"

@@ -8,10 +8,13 @@
 // Boxes are returned in the input's coordinates.
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <exception>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tightfit/core/error.hpp"
@@ -19,6 +22,7 @@
 #include "tightfit/geometry/box.hpp"
 #include "tightfit/geometry/mebb.hpp"
 #include "tightfit/geometry/plane.hpp"
+#include "tightfit/geometry/quality.hpp"
 
 namespace tightfit::geometry {
 
@@ -50,7 +54,8 @@ inline const char* method_name(box_method m) {
   return "?";
 }
 
-/// Where the belt is: found by RANSAC (full 3D when none is found), absent (full 3D), or given.
+/// Where the belt is: detected (detect_belt; none found: full 3D, status low_confidence with
+/// reason "no_belt"), absent (full 3D), or given.
 struct belt_choice {
   enum kind_t { detect, none, given } kind = detect;
   plane given_plane;  ///< for `given`
@@ -63,51 +68,178 @@ struct measurement {
   oriented_box box;                 ///< in input coordinates
   std::array<double, 3> dims{};     ///< sorted L >= W >= H
   std::optional<plane> belt;        ///< the belt used (none: full 3D)
+  double belt_sigma = 0;            ///< the belt's noise sigma (robust, from the points on it)
   std::optional<mebb_result> mebb;  ///< MEBB details (box, envelope, trims, flags in belt frame)
   oriented_box envelope;            ///< MEBB: envelope incl. appendages (input coordinates)
   std::size_t points_in = 0, points_used = 0;
+  /// MEBB: 95 % half-width of each of `dims` (same order), from the face fits (see quality.hpp)
+  std::array<double, 3> uncertainty{};
+  measure_status status = measure_status::ok;  ///< ok, low_confidence or failed
+  std::vector<std::string> reasons;            ///< machine-readable, see quality.hpp
 };
 
-/// Measures the object in `input` with `method`. Throws tightfit::error for bad or too small
-/// clouds (see mebb()).
-inline measurement measure(const points& input, box_method method = box_method::mebb,
-                           belt_choice belt = {}, mebb_options o = {}) {
-  check_finite(input, "measure");
-  check(input.size() >= o.min_points, "measure: the cloud has ", input.size(),
-        " points, expected at least ", o.min_points);
+/// Intermediate clouds of measure(), for benchmarks and pictures: the belt frame, the sensor
+/// points that survived the cleaning and the cleaned voxel centroids MEBB solved on (both in the
+/// belt frame; the input frame when there is no belt).
+struct measure_trace {
+  rigid_transform to_frame;  ///< input -> belt frame
+  points raw;                ///< sensor points kept by the cleaning (what the baselines box)
+  points voxels;             ///< cleaned voxel centroids (MEBB's input)
+};
+
+/// Sets m.status, m.reasons and m.uncertainty from the MEBB fit (when there is one), the cleaning
+/// and the checks of quality_options; `reasons` holds those found before (e.g. "no_belt").
+inline void assess(measurement& m, const clean_stats& cs, bool on_belt, const quality_options& q,
+                   std::vector<std::string> reasons) {
+  auto add = [&](const char* r) {
+    for (const auto& x : reasons)
+      if (x == r) return;
+    reasons.emplace_back(r);
+  };
+  if (cs.voxels > 0 &&
+      static_cast<double>(cs.kept) < q.min_kept_share * static_cast<double>(cs.voxels))
+    add("fragmented");
+  if (m.dims[0] <= 0 || m.dims[1] < 1e-6 * m.dims[0] || m.dims[2] < 1e-6 * m.dims[0])
+    add("degenerate_shape");
+  if (m.mebb) {
+    const mebb_result& r = *m.mebb;
+    if (r.flags & (mebb_line | mebb_flat)) add("degenerate_shape");
+    if (r.flags & mebb_not_converged) add("not_converged");
+    if (on_belt && r.top_occupancy < q.min_top_occupancy) add("too_sparse");
+    for (int f = 0; f < 6; ++f) {
+      if (on_belt && f == 5) continue;
+      if (r.face_support[static_cast<std::size_t>(f)] < q.min_face_support)
+        add("too_few_face_points");
+    }
+    // the 95 % half-widths in the order of dims (sorted extents)
+    std::array<int, 3> order{0, 1, 2};
+    std::sort(order.begin(), order.end(),
+              [&](int a, int b) { return r.box.extent[a] > r.box.extent[b]; });
+    for (std::size_t k = 0; k < 3; ++k)
+      m.uncertainty[k] = 1.96 * r.sigma[static_cast<std::size_t>(order[k])];
+    for (double u : m.uncertainty)
+      if (!(u <= q.max_uncertainty)) add("high_uncertainty");
+  }
+  m.status = status_of(reasons);
+  m.reasons = std::move(reasons);
+}
+
+namespace detail {
+// Combines MEBB on two voxel lattices: each extent of `r` (box axes) becomes the mean of the two
+// runs' matching extents (sorted order) and its sigma grows by half their difference.
+inline void merge_phase(mebb_result& r, const mebb_result& r2) {
+  std::array<int, 3> order{0, 1, 2};
+  std::sort(order.begin(), order.end(),
+            [&](int a, int b) { return r.box.extent[a] > r.box.extent[b]; });
+  for (std::size_t k = 0; k < 3; ++k) {
+    const auto a = static_cast<std::size_t>(order[k]);
+    const double e1 = r.box.extent[order[k]], e2 = r2.dims[k];
+    const double mean = (e1 + e2) / 2, half = std::abs(e1 - e2) / 2;
+    r.box.extent[order[k]] = mean;
+    r.sigma[a] = std::hypot(r.sigma[a], half);
+  }
+  r.dims = r.box.sorted_dims();
+  r.flags |= r2.flags & (mebb_not_converged | mebb_line | mebb_flat);
+}
+
+// The points of `cloud` in the frame `t` at height >= cut (all points when cut is -inf).
+template <PointCloud C>
+points transformed_above(const C& cloud, const rigid_transform& t, double cut) {
+  const std::size_t n = cloud.kdtree_get_point_count();
+  points out;
+  out.reserve(cut == -INFINITY ? n : n / 4);
+  for (std::size_t i = 0; i < n; ++i) {
+    const point3 u = t.apply(point_at(cloud, i));
+    if (u.z() >= cut) out.push_back(u);
+  }
+  return out;
+}
+template <PointCloud C>
+void check_cloud_finite(const C& cloud, const char* where) {
+  const std::size_t n = cloud.kdtree_get_point_count();
+  for (std::size_t i = 0; i < n; ++i) {
+    const point3 p = point_at(cloud, i);
+    if (!p.allFinite())
+      fail(where, ": point ", i, " is (", p.x(), ", ", p.y(), ", ", p.z(),
+           "), expected finite coordinates");
+  }
+}
+}  // namespace detail
+
+/// Measures the object in any PointCloud `cloud` with `method`, without copying the cloud (only
+/// the points above the belt are kept, in the belt frame). Throws tightfit::error for bad or too
+/// small clouds (see mebb()); a measurement that is not trustworthy comes back with a status
+/// other than ok and its reasons (quality.hpp), never silently.
+template <PointCloud C>
+measurement measure(const C& cloud, box_method method = box_method::mebb, belt_choice belt = {},
+                    mebb_options o = {}, const belt_options& bo = {},
+                    const quality_options& qo = {}, measure_trace* trace = nullptr) {
+  const std::size_t n = cloud.kdtree_get_point_count();
+  check(n >= o.min_points, "measure: the cloud has ", n, " points, expected at least ",
+        o.min_points);
   measurement m;
   m.method = method;
-  m.points_in = input.size();
-  if (belt.kind == belt_choice::given) {
-    m.belt = belt.given_plane;
-    check(m.belt->normal.allFinite() && m.belt->normal.norm() > 0,
-          "measure: belt normal is not a direction");
-    m.belt->normal.normalize();
-  } else if (belt.kind == belt_choice::detect) {
-    if (auto f = detect_belt(input)) {
+  m.points_in = n;
+  std::vector<std::string> reasons;
+  if (belt.kind == belt_choice::detect) {
+    if (auto f = detect_belt(cloud, bo)) {  // checks every coordinate too
       m.belt = f->fitted;
-      o.belt_sigma = std::max(o.belt_sigma, f->rms);
+      m.belt_sigma = f->rms;
+    } else {
+      reasons.emplace_back("no_belt");
+    }
+  } else {
+    detail::check_cloud_finite(cloud, "measure");
+    if (belt.kind == belt_choice::given) {
+      m.belt = belt.given_plane;
+      check(
+          m.belt->normal.allFinite() && m.belt->normal.norm() > 0 && std::isfinite(m.belt->offset),
+          "measure: belt normal is not a direction");
+      m.belt->offset /= m.belt->normal.norm();
+      m.belt->normal.normalize();
+      m.belt_sigma = measure_belt_noise(cloud, *m.belt, 2 * bo.threshold).sigma;
     }
   }
-  const rigid_transform to_frame = m.belt ? belt_frame(*m.belt) : rigid_transform{};
-  const rigid_transform from_frame = to_frame.inverse();
-  points p(input.size());
-  for (std::size_t i = 0; i < p.size(); ++i) p[i] = to_frame.apply(input[i]);
+  o.belt_sigma = std::max(o.belt_sigma, m.belt_sigma);
   const bool on_belt = m.belt.has_value();
+  const rigid_transform to_frame = on_belt ? belt_frame(*m.belt) : rigid_transform{};
+  const rigid_transform from_frame = to_frame.inverse();
+  const double cut = on_belt ? std::max(o.belt_min_height, 4 * o.belt_sigma) : -INFINITY;
+  const points p = detail::transformed_above(cloud, to_frame, cut);
   auto back = [&](oriented_box b) {
     b.centre = from_frame.apply(b.centre);
     b.rotation = from_frame.rotation * b.rotation;
     return b;
   };
+  clean_stats cs;
   if (method == box_method::mebb) {
-    mebb_result r = mebb(p, on_belt, o);
+    check(p.size() >= o.min_points, "measure: ", p.size(), " points above the belt cut (",
+          cut * 1000, " mm), expected at least ", o.min_points);
+    points raw;
+    points q = mebb_clean(p, on_belt, o, &raw, &cs);
+    check(q.size() >= o.min_points, "measure: ", q.size(), " points left after cleaning (",
+          on_belt ? "belt removal, " : "", "voxel grid ", o.voxel,
+          ", clustering, outlier removal), expected at least ", o.min_points);
+    mebb_result r = mebb_solve(q, on_belt, o);
+    if (o.phase_check) {
+      // the same cleaned points on a voxel lattice shifted by half a voxel: MEBB's faces snap to
+      // voxel centroids, so a face that depends on the lattice is uncertain by that much
+      const points q2 = voxel_downsample(raw, o.voxel, nullptr, 0.5);
+      if (q2.size() >= o.min_points) {
+        const mebb_result r2 = mebb_solve(q2, on_belt, o);
+        detail::merge_phase(r, r2);
+      }
+    }
+    if (trace) trace->raw = std::move(raw);
     m.points_used = r.points_used;
     m.box = back(r.box);
     m.envelope = back(r.envelope);
     m.mebb = r;
+    if (trace) trace->voxels = std::move(q);
   } else {
     points q;
-    mebb_clean(p, on_belt, o, &q);
+    mebb_clean(p, on_belt, o, &q, &cs);
+    if (trace) trace->raw = q;
     check(q.size() >= o.min_points, "measure: ", q.size(),
           " points left after cleaning, expected at least ", o.min_points);
     m.points_used = q.size();
@@ -133,7 +265,17 @@ inline measurement measure(const points& input, box_method method = box_method::
     m.envelope = m.box;
   }
   m.dims = m.box.sorted_dims();
+  if (trace) trace->to_frame = to_frame;
+  assess(m, cs, on_belt, qo, reasons);
   return m;
+}
+
+/// measure() on a `points` vector.
+inline measurement measure(const points& input, box_method method = box_method::mebb,
+                           belt_choice belt = {}, const mebb_options& o = {},
+                           const belt_options& bo = {}, const quality_options& qo = {},
+                           measure_trace* trace = nullptr) {
+  return measure(as_cloud(input), method, belt, o, bo, qo, trace);
 }
 
 /// The outcome of one cloud of a batch: a measurement or the error message.

@@ -47,9 +47,12 @@ struct mebb_options {
   bool clean = true;               ///< run belt removal, clustering and outlier removal
   double belt_min_height = 0.008;  ///< belt setting: drop points below max(this, 4 belt sigma)
   double belt_sigma = 0;           ///< belt noise sigma (0: unknown; RANSAC sets it in measure())
-  double cluster_radius = 0.015;   ///< Euclidean clustering radius; the largest cluster is kept
-  int sor_k = 8;                   ///< statistical outlier removal: neighbours
-  double sor_sigma = 2.0;          ///< statistical outlier removal: drop mean dist > mu + n sigma
+  /// belt setting: mixed-pixel (veil) filter, see top_view_dense: a point is dropped when its
+  /// top-view column (side `voxel`) holds fewer than this share of the median column (0: off)
+  double veil_share = 0;
+  double cluster_radius = 0.015;  ///< Euclidean clustering radius; the largest cluster is kept
+  int sor_k = 8;                  ///< statistical outlier removal: neighbours
+  double sor_sigma = 2.0;         ///< statistical outlier removal: drop mean dist > mu + n sigma
   // step 1: isotropic density
   double voxel = 0.005;  ///< h: voxel-grid size (one centroid per voxel)
   // step 2: main direction
@@ -92,6 +95,27 @@ struct mebb_options {
   int outer_iterations = 2;      ///< yaw re-estimations + 1
   bool adaptive = true;          ///< retry with kappa/2 when a face moves too far
   double retry_fraction = 0.25;  ///< "too far": more than this share of the face's extent
+  // uncertainty model (mebb_result::face_sigma; calibrated on the scene generator of bench/)
+  double sigma_floor_top = 0.0010;   ///< 1-sigma floor of a face seen head-on
+  double sigma_floor_side = 0.0015;  ///< 1-sigma floor of a side face
+  double sigma_spread = 1.25;        ///< x sd / sqrt(n) of the values the face snapped to
+  double sigma_profile = 0.3;        ///< x the edge-profile shift (an extrapolation)
+  double sigma_noise = 0.3;          ///< x the belt's noise sigma
+  double sigma_stability = 0.0;      ///< x how far the face moves at kappa x sigma_kappa_probe
+  double sigma_kappa_probe = 0.6;
+  /// every face sigma times this: calibrated so that the 95 % intervals cover 95 % of the errors
+  /// of the generated scans (bench/geometry, noise x1 and x2)
+  double sigma_scale = 1.25;
+  /// measure(): solve again on a voxel lattice shifted by half a voxel, report the mean of the
+  /// two boxes and add half their difference to each side's sigma
+  bool phase_check = true;
+  /// belt: a side face whose outermost g-slab is solid (points above half the height) over
+  /// less than solid_share of its width adds the depth to the solid slab (up to solid_depth) to
+  /// its uncertainty: a handle or strap holding the face out
+  double solid_share = 0.75, solid_depth = 0.08;
+  /// belt setting: faces moved out by this x the belt's noise sigma (their inward bias on the
+  /// generated scans grows with the noise; 0: no correction)
+  double bias_side = 0.0, bias_top = 0.0;
   // output
   double appendage_flag = 0.010;  ///< a face trimmed more than this sets mebb_appendage
   std::size_t min_points = 30;    ///< fewer cleaned points than this is an error
@@ -106,6 +130,18 @@ struct mebb_result {
   unsigned flags = 0;            ///< mebb_flag bits
   int passes = 0;                ///< face passes run in total
   std::size_t points_used = 0;   ///< points after cleaning and voxelisation
+  /// per face: its 1-sigma position uncertainty (see mebb_solve) and its support (columns in the
+  /// snap band for side faces, points for a face seen head-on)
+  std::array<double, 6> face_sigma{};
+  std::array<std::size_t, 6> face_support{};
+  std::array<double, 3> sigma{};  ///< 1-sigma of each box extent (box axes, not sorted)
+  double top_occupancy = 1;       ///< belt: share of the top's g x g columns holding a point
+};
+
+/// What the cleaning kept: voxels above the belt cut, and those left after clustering and
+/// outlier removal.
+struct clean_stats {
+  std::size_t voxels = 0, kept = 0;
 };
 
 namespace detail {
@@ -116,6 +152,8 @@ struct face_scratch {
   std::vector<double> kst;   // their stiffness
   std::vector<double> vals;  // s*u_a of the points in the face's region
   std::vector<double> band;
+  std::size_t snap_n = 0;  // values the last snap used
+  double snap_sd = 0;      // their standard deviation
 };
 
 inline double quantile_inplace(std::vector<double>& v, double q) {
@@ -219,17 +257,23 @@ inline std::optional<double> elastic_face(const points& u, const Eigen::Vector3d
 #endif
   // snap to the main-body edge
   const double b0 = d - o.snap_inner * eps, b1 = d + o.snap_outer;
+  w.band.clear();
   if (head_on) {
-    double sum = 0;
-    std::size_t n = 0;
     for (double v : w.vals)
-      if (v >= b0 && v <= b1 && v > mid) sum += v, ++n;
-    if (n > 0) d = sum / static_cast<double>(n);
+      if (v >= b0 && v <= b1 && v > mid) w.band.push_back(v);
   } else {
-    w.band.clear();
     for (double e : w.occ)
       if (e >= b0 && e <= b1) w.band.push_back(e);
-    if (!w.band.empty()) d = quantile_inplace(w.band, o.side_quantile);
+  }
+  w.snap_n = w.band.size();
+  w.snap_sd = 0;
+  if (!w.band.empty()) {
+    double sum = 0, ss = 0;
+    for (double v : w.band) sum += v;
+    const double mean = sum / static_cast<double>(w.band.size());
+    for (double v : w.band) ss += (v - mean) * (v - mean);
+    w.snap_sd = std::sqrt(ss / static_cast<double>(w.band.size()));
+    d = head_on ? mean : quantile_inplace(w.band, o.side_quantile);
   }
   return d;
 }
@@ -335,6 +379,37 @@ inline double wall_yaw_correction(const points& u, const Eigen::Vector3d& lo,
   return den > 0 ? num / den : 0.0;
 }
 
+// Belt setting: how far inside the side face (a, s) the body's outline is solid: the smallest
+// depth t (steps of g/2, up to solid_depth) at which the top view of the slab [D - t - g, D - t]
+// holds points above half the height in at least solid_share of its g-columns along the face.
+// A face held out by a handle or a strap sees a sparse slab first; a body edge a solid one.
+inline double solid_edge_depth(const points& u, const Eigen::Vector3d& lo,
+                               const Eigen::Vector3d& hi, int a, double s, const mebb_options& o) {
+  const int b = 1 - a;
+  const double g = o.column, d = s > 0 ? hi[a] : -lo[a];
+  const auto nb = std::clamp<index_t>(static_cast<index_t>((hi[b] - lo[b]) / g), 1, 4000);
+  const auto steps = static_cast<index_t>(o.solid_depth / (g / 2));
+  std::vector<std::uint64_t> occ(static_cast<std::size_t>(nb), 0);  // bit k: slab step k
+  for (const auto& p : u) {
+    if (p.z() < hi.z() / 2 || p[b] < lo[b] || p[b] > hi[b]) continue;
+    const double depth = d - s * p[a];
+    if (depth < 0 || depth > o.solid_depth + g) continue;
+    const index_t ib = std::min<index_t>(static_cast<index_t>((p[b] - lo[b]) / g), nb - 1);
+    // the slabs [t, t + g] (t = k g/2) that hold this depth
+    for (index_t k = 0; k <= steps && k < 64; ++k) {
+      const double t = static_cast<double>(k) * g / 2;
+      if (depth >= t && depth <= t + g) occ[static_cast<std::size_t>(ib)] |= 1ull << k;
+    }
+  }
+  for (index_t k = 0; k <= steps && k < 64; ++k) {
+    index_t n = 0;
+    for (auto m : occ) n += (m >> k) & 1u;
+    if (static_cast<double>(n) >= o.solid_share * static_cast<double>(nb))
+      return static_cast<double>(k) * g / 2;
+  }
+  return o.solid_depth;
+}
+
 inline void check_options(const mebb_options& o) {
   check(o.voxel > 0, "mebb: voxel is ", o.voxel, ", expected > 0");
   check(o.column > 0, "mebb: column is ", o.column, ", expected > 0");
@@ -359,13 +434,22 @@ inline void check_options(const mebb_options& o) {
 /// structure at a fraction of the cost, since clustering and k-NN run on voxel centroids.
 /// With `raw`, also returns the input points (above the belt cut) whose voxels survived the
 /// cleaning: what the baselines see (they are defined on the sensor's points, not on centroids).
-inline points mebb_clean(const points& p, bool belt, const mebb_options& o, points* raw = nullptr) {
+/// With `stats`, also returns how many voxels the clustering and outlier removal kept.
+inline points mebb_clean(const points& p, bool belt, const mebb_options& o, points* raw = nullptr,
+                         clean_stats* stats = nullptr) {
   points q;
   if (belt) {
     const double cut = std::max(o.belt_min_height, 4 * o.belt_sigma);
     q.reserve(p.size());
     for (const auto& x : p)
       if (x.z() >= cut) q.push_back(x);
+    if (o.veil_share > 0) {
+      const auto dense = top_view_dense(q, o.voxel, o.veil_share);
+      std::size_t k = 0;
+      for (std::size_t i = 0; i < q.size(); ++i)
+        if (dense[i]) q[k++] = q[i];
+      q.resize(k);
+    }
   } else {
     q = p;
   }
@@ -386,6 +470,7 @@ inline points mebb_clean(const points& p, bool belt, const mebb_options& o, poin
   out.reserve(v.size());
   for (std::size_t i = 0; i < v.size(); ++i)
     if (keep[i]) out.push_back(v[i]);
+  if (stats) stats->voxels = v.size(), stats->kept = out.size();
   if (raw) {
     raw->clear();
     for (std::size_t i = 0; i < q.size(); ++i)
@@ -419,6 +504,8 @@ inline mebb_result mebb_solve(const points& p, bool belt, const mebb_options& o 
   points u(p.size());
   Eigen::Vector3d lo, hi;
   detail::face_scratch w;
+  std::array<std::size_t, 6> snap_n{};
+  std::array<double, 6> snap_sd{}, shift{}, stab{};
   for (int outer = 0; outer < o.outer_iterations; ++outer) {
     for (std::size_t i = 0; i < p.size(); ++i) u[i] = axes.transpose() * (p[i] - origin);
     lo = Eigen::Vector3d::Constant(INFINITY), hi = -lo;
@@ -449,6 +536,8 @@ inline mebb_result mebb_solve(const points& p, bool belt, const mebb_options& o 
           r.flags |= mebb_soft_retry;
         }
         if (guard) r.flags |= mebb_safeguard;
+        snap_n[static_cast<std::size_t>(f)] = w.snap_n;
+        snap_sd[static_cast<std::size_t>(f)] = w.snap_sd;
         const double nd = std::min(*d, extreme);
         (s > 0 ? hi[a] : lo[a]) = s * nd;
         moved = std::max(moved, std::abs(nd - old));
@@ -456,14 +545,31 @@ inline mebb_result mebb_solve(const points& p, bool belt, const mebb_options& o 
       settled = moved <= o.voxel / 2;
     }
     if (!settled) r.flags |= mebb_not_converged;
+    if (outer + 1 == o.outer_iterations) {  // stability: the faces again at a softer kappa
+      for (int f = 0; f < 6; ++f) {
+        const int a = f / 2;
+        const double s = f % 2 ? -1.0 : 1.0;
+        if (belt && f == 5) continue;
+        double zmin = -INFINITY, zmax = INFINITY;
+        if (belt && a < 2 && o.side_band > 0) zmin = hi.z() - o.side_band, zmax = hi.z() + o.eps;
+        bool guard = false;
+        const auto d = detail::elastic_face(u, lo, hi, a, s, o.kappa * o.sigma_kappa_probe,
+                                            !belt || f == 4, o, w, guard, zmin, zmax);
+        const double now = s > 0 ? hi[a] : -lo[a];
+        stab[static_cast<std::size_t>(f)] = d ? std::abs(*d - now) : o.eps;
+      }
+    }
     if (belt && o.edge_profile) {
       std::vector<double> b1, b2, b3;
       for (int f = 0; f < 4; ++f) {
         const int a = f / 2;
         const double s = f % 2 ? -1.0 : 1.0;
         const double d = s > 0 ? hi[a] : -lo[a];
-        if (auto wpos = detail::edge_profile_wall(u, lo, hi, a, s, d, o, b1, b2, b3))
+        shift[static_cast<std::size_t>(f)] = 0;
+        if (auto wpos = detail::edge_profile_wall(u, lo, hi, a, s, d, o, b1, b2, b3)) {
           (s > 0 ? hi[a] : lo[a]) = s * *wpos;
+          shift[static_cast<std::size_t>(f)] = *wpos - d;
+        }
       }
     }
     if (outer + 1 < o.outer_iterations) {  // re-estimate the axes from the points inside
@@ -485,6 +591,23 @@ inline mebb_result mebb_solve(const points& p, bool belt, const mebb_options& o 
         if (belt) origin.z() = 0;
       }
     }
+  }
+  std::array<double, 6> reach{};  // belt: how far inside each side face the body's edge is solid
+  if (belt) {
+    for (int f = 0; f < 4; ++f) {
+      reach[static_cast<std::size_t>(f)] =
+          detail::solid_edge_depth(u, lo, hi, f / 2, f % 2 ? -1.0 : 1.0, o);
+#ifdef TIGHTFIT_MEBB_DEBUG
+      std::fprintf(stderr, "face %d reach %.1f mm stab %.1f\n", f,
+                   reach[static_cast<std::size_t>(f)] * 1e3,
+                   stab[static_cast<std::size_t>(f)] * 1e3);
+#endif
+    }
+  }
+  if (belt) {  // the inward bias of the faces grows with the sensor noise (calibrated, see o)
+    hi.x() += o.bias_side * o.belt_sigma, lo.x() -= o.bias_side * o.belt_sigma;
+    hi.y() += o.bias_side * o.belt_sigma, lo.y() -= o.bias_side * o.belt_sigma;
+    hi.z() += o.bias_top * o.belt_sigma;
   }
   // output: box, envelope and per-face trim in the last frame
   Eigen::Vector3d elo = Eigen::Vector3d::Constant(INFINITY), ehi = -elo;
@@ -512,22 +635,79 @@ inline mebb_result mebb_solve(const points& p, bool belt, const mebb_options& o 
   };
   r.box = make(lo, hi);
   r.envelope = make(elo, ehi);
+  // uncertainty: per face, a floor plus the standard error of the values it snapped to (the
+  // 90th percentile of the side faces' band is a less efficient estimate: sigma_spread) plus a
+  // share of the edge-profile extrapolation; a face that did not snap gets half an eps more
+  for (std::size_t f = 0; f < 6; ++f) {
+    const bool head_on = !belt || f == 4;
+    if (belt && f == 5) {  // the belt: its noise averaged over the footprint
+      r.face_sigma[f] = o.belt_sigma / 10;
+      r.face_support[f] = snap_n[4];
+      continue;
+    }
+    const double n = static_cast<double>(std::max<std::size_t>(snap_n[f], 1));
+    const double floor = head_on ? o.sigma_floor_top : o.sigma_floor_side;
+    const double stat = o.sigma_spread * snap_sd[f] / std::sqrt(n);
+    const double prof = o.sigma_profile * shift[f];
+    const double noise = o.sigma_noise * o.belt_sigma;
+    const double st = o.sigma_stability * stab[f] + reach[f];
+    r.face_sigma[f] =
+        std::sqrt(floor * floor + stat * stat + prof * prof + noise * noise + st * st) +
+        (snap_n[f] == 0 ? o.eps / 2 : 0.0);
+    r.face_support[f] = snap_n[f];
+  }
+  for (auto& f : r.face_sigma) f *= o.sigma_scale;
+  for (std::size_t a = 0; a < 3; ++a)
+    r.sigma[a] = std::hypot(r.face_sigma[2 * a], r.face_sigma[2 * a + 1]);
+  if (belt) {  // occupancy of the top view over the inner 80 % of the top face, upper half only
+    const double g = o.column;
+    const double x0 = lo.x() + 0.1 * (hi.x() - lo.x()), x1 = hi.x() - 0.1 * (hi.x() - lo.x());
+    const double y0 = lo.y() + 0.1 * (hi.y() - lo.y()), y1 = hi.y() - 0.1 * (hi.y() - lo.y());
+    const auto nx = std::clamp<index_t>(static_cast<index_t>((x1 - x0) / g), 1, 4000);
+    const auto ny = std::clamp<index_t>(static_cast<index_t>((y1 - y0) / g), 1, 4000);
+    std::vector<char> occ(static_cast<std::size_t>(nx * ny), 0);
+    for (const auto& x : u) {
+      if (x.z() < hi.z() / 2 || x.x() < x0 || x.x() >= x1 || x.y() < y0 || x.y() >= y1) continue;
+      const index_t i = std::min<index_t>(static_cast<index_t>((x.x() - x0) / g), nx - 1);
+      const index_t j = std::min<index_t>(static_cast<index_t>((x.y() - y0) / g), ny - 1);
+      occ[static_cast<std::size_t>(i * ny + j)] = 1;
+    }
+    std::size_t k = 0;
+    for (char c : occ) k += c != 0;
+    r.top_occupancy = static_cast<double>(k) / static_cast<double>(occ.size());
+  }
   r.dims = r.box.sorted_dims();
   return r;
 }
 
-/// MEBB end to end on a cloud in the belt frame (belt z = 0, up +z) or, with belt = false, a
-/// full-3D cloud: cleaning, voxelisation, then mebb_solve.
-inline mebb_result mebb(const points& p, bool belt, const mebb_options& o = {}) {
+/// MEBB end to end on any PointCloud in the belt frame (belt z = 0, up +z) or, with belt =
+/// false, a full-3D cloud: cleaning, voxelisation, then mebb_solve. The cloud is read in place;
+/// only the points above the belt cut are kept.
+template <PointCloud C>
+mebb_result mebb(const C& cloud, bool belt, const mebb_options& o = {}) {
   detail::check_options(o);
-  check_finite(p, "mebb");
-  check(p.size() >= o.min_points, "mebb: the cloud has ", p.size(), " points, expected at least ",
-        o.min_points);
+  const std::size_t n = cloud.kdtree_get_point_count();
+  check(n >= o.min_points, "mebb: the cloud has ", n, " points, expected at least ", o.min_points);
+  const double cut = belt ? std::max(o.belt_min_height, 4 * o.belt_sigma) : -INFINITY;
+  points p;
+  p.reserve(belt ? n / 2 : n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const point3 x = point_at(cloud, i);
+    if (!x.allFinite())
+      fail("mebb: point ", i, " is (", x.x(), ", ", x.y(), ", ", x.z(),
+           "), expected finite coordinates");
+    if (x.z() >= cut) p.push_back(x);
+  }
   const points q = mebb_clean(p, belt, o);
   check(q.size() >= o.min_points, "mebb: ", q.size(), " points left after cleaning (",
         belt ? "belt removal, " : "", "voxel grid ", o.voxel,
         ", clustering, outlier removal), expected at least ", o.min_points);
   return mebb_solve(q, belt, o);
+}
+
+/// mebb() on a `points` vector.
+inline mebb_result mebb(const points& p, bool belt, const mebb_options& o = {}) {
+  return mebb(as_cloud(p), belt, o);
 }
 
 /// Per-point labels of a measured cloud (see label_points).

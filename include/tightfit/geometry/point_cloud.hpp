@@ -5,9 +5,10 @@
 // user's own type plug in with a few lines:
 //   struct my_cloud { std::size_t kdtree_get_point_count() const; double kdtree_get_pt(
 //                     std::size_t i, std::size_t d) const; };
-// Every algorithm of tightfit/geometry copies the cloud once into `points` (double precision)
-// through `to_points`, which rejects NaN and infinite coordinates with a tightfit::error naming
-// the offending point.
+// measure(), mebb() and detect_belt() read any PointCloud through `point_at` without copying it
+// (they keep only the points they work on: those above the belt); `to_points` copies a cloud
+// into `points` (double precision) for the lower-level functions, rejecting NaN and infinite
+// coordinates with a tightfit::error naming the offending point.
 #pragma once
 
 #include <Eigen/Core>
@@ -68,6 +69,14 @@ class vector_cloud {
 /// A `points` vector is itself usable wherever a PointCloud is expected, through this view.
 inline vector_cloud<point3> as_cloud(const points& p) {
   return vector_cloud<point3>(p);
+}
+
+/// Point i of any PointCloud, in double precision.
+template <PointCloud C>
+point3 point_at(const C& cloud, std::size_t i) {
+  return point3(static_cast<double>(cloud.kdtree_get_pt(i, 0)),
+                static_cast<double>(cloud.kdtree_get_pt(i, 1)),
+                static_cast<double>(cloud.kdtree_get_pt(i, 2)));
 }
 
 /// Copies any PointCloud into `points`; throws tightfit::error on a NaN or infinite coordinate.

@@ -1,13 +1,18 @@
-// tightfit/geometry/scene.hpp: a seeded generator of suitcase scenes for tests and benchmarks
-// (no public baggage data set exists; ALGORITHMS.md section 3, "Benchmark to build").
+// bench/geometry/scene.hpp: a seeded generator of suitcase scenes for the tests and the benchmark
+// (no public baggage data set exists). Test and bench support, not part of the installed library.
 //
 // A suitcase is a signed-distance shape: a rounded-box body (450-800 x 300-500 x 180-320 mm,
 // corner radius 10-40 mm) with appendages (telescopic handle, carry handle, side handle, spinner
 // wheels, hanging strap, tag), lying, on its side or standing, at a random yaw on a belt (z = 0).
-// It is rendered by a pinhole depth camera 1.4-1.6 m above the belt (640x480, f = 570 px) by
-// sphere tracing, with axial noise growing with range (1.2 mm at 1.5 m, times noise_scale),
-// mixed pixels at depth jumps, random and grazing-angle dropout (more for dark bags). The full-3D
-// variant samples the shape from six orthographic views (a tunnel scanner) at a random 3D
+// It is rendered by a pinhole depth camera 1.4-1.6 m above the belt (640x480, f = 570 px; sparse
+// and dense scans scale the resolution) by sphere tracing, with axial noise growing with range
+// (the structured-light model sigma = a + b (z - 0.4 m)^2 of Khoshelham and Elberink 2012, times
+// noise_scale), mixed pixels at depth jumps on both sides of the jump (veils between bag and belt),
+// random and grazing-angle dropout (more for dark bags), stray points far away, a belt that fills
+// the frame or only a strip of it, and the whole scan optionally moved by a random rigid motion
+// (the belt is then not z = 0 and the camera not vertical). Failure modes for the benchmark:
+// telescopic handles extended up to 40 cm near the belt, straps hanging down to the belt. The
+// full-3D variant samples the shape from six orthographic views (a tunnel scanner) at a random 3D
 // rotation, with no belt. Every scene carries its ground truth: the main-body box and the
 // envelope including appendages. The same seed gives the same scene on every platform that has
 // the same std::mt19937_64 and libm.
@@ -62,11 +67,23 @@ struct scene_options {
   std::optional<scene_pose> pose;  ///< fixed pose (default: lying 60%, on_side 25%, standing 15%)
   int width = 640, height = 480;   ///< image size (pixels)
   double focal = 570;              ///< focal length (pixels)
-  double sigma0 = 0.0012;          ///< axial noise sigma at 1.5 m (m)
-  double dropout = 0.01;           ///< random dropout (dark bags: dark_dropout)
-  double dark_probability = 0.2;   ///< share of dark bags
+  double sigma_a = 0.0012;         ///< axial noise: sigma = a + b (depth - 0.4 m)^2 (metres)
+  double sigma_b = 0.0019;         ///< axial noise growth (m per m^2)
+  bool legacy_noise = false;       ///< the old model: 1.2 mm x (depth / 1.5 m)^2
+  double sigma0 = 0.0012;          ///< legacy model: sigma at 1.5 m
+  double stray_probability = 0.3;  ///< a scan holds 1-3 stray points 0.5-2.5 m away
+  double full_belt_probability = 0.5;    ///< the belt fills the frame (else a strip)
+  double long_strap_probability = 0.5;   ///< a strap hangs down to the belt
+  double long_handle_probability = 0.3;  ///< the telescopic handle is extended 10-40 cm
+  /// resolution scale of the camera drawn from {sparse_scale, 1, dense_scale} (20/60/20 %)
+  double sparse_scale = 0.6, dense_scale = 1.4;
+  bool vary_resolution = true;
+  bool random_frame = false;      ///< move the scan by a random rigid motion (tilted camera)
+  double dropout = 0.01;          ///< random dropout (dark bags: dark_dropout)
+  double dark_probability = 0.2;  ///< share of dark bags
   double dark_dropout = 0.15;
   double mixed_probability = 0.5;  ///< a pixel at a depth jump becomes a mixed pixel
+  bool mixed_both_sides = true;    ///< the far side of a jump mixes too (at half the rate)
   bool include_belt = true;        ///< render the belt too (a raw scan)
   double belt_half_width = 0.5;    ///< belt extent across (|y| below it), metres
   double spacing_3d = 0.003;       ///< full 3D: ray spacing of each orthographic view
@@ -79,6 +96,14 @@ struct scene {
   oriented_box envelope;         ///< ground-truth envelope including appendages (body axes)
   std::array<double, 3> dims{};  ///< body side lengths sorted L >= W >= H
   unsigned appendages = 0;       ///< appendage_kind bits present
+  int strays = 0;                ///< stray points added
+  bool full_belt = false;        ///< the belt fills the frame
+  double resolution = 1;         ///< camera resolution scale
+  bool long_strap = false, long_handle = false;
+  /// the rigid motion applied to the scan (identity unless random_frame): the belt plane is
+  /// {p : (R e_z) . p = (R e_z) . t}
+  Eigen::Matrix3d frame_rotation = Eigen::Matrix3d::Identity();
+  point3 frame_translation = point3::Zero();
   scene_pose pose = scene_pose::lying;
   double yaw = 0;  ///< body yaw about +z (belt scenes)
   bool dark = false;
@@ -206,6 +231,11 @@ inline scene make_scene(const scene_options& opt) {
   std::mt19937_64 gen(opt.seed * 0x9E3779B97F4A7C15ull + 12345);
   auto U = [&](double a, double b) { return std::uniform_real_distribution<double>(a, b)(gen); };
   auto coin = [&](double p) { return U(0, 1) < p; };
+  // the failure modes of the benchmark draw from their own stream: with them off, a seed gives
+  // the same scene as the generator without them
+  std::mt19937_64 gen2(opt.seed * 0xD1B54A32D192ED03ull + 777);
+  auto U2 = [&](double a, double b) { return std::uniform_real_distribution<double>(a, b)(gen2); };
+  auto coin2 = [&](double p) { return U2(0, 1) < p; };
   scene sc;
   // body (local frame: x length, y width, z thickness; +x is the handle end, -x the wheel end)
   const double L = U(0.45, 0.80), W = U(0.30, 0.50), H = U(0.18, 0.32);
@@ -219,6 +249,7 @@ inline scene make_scene(const scene_options& opt) {
     const double u = U(0, 1);
     sc.pose = u < 0.6 ? scene_pose::lying : u < 0.85 ? scene_pose::on_side : scene_pose::standing;
   }
+  double strap_x = 0;
   unsigned present = 0;
   for (int k = 0; k < appendage_kinds; ++k) {
     const bool draw = coin(opt.appendage_probability);  // always drawn: keeps the stream aligned
@@ -228,8 +259,9 @@ inline scene make_scene(const scene_options& opt) {
     present &= ~static_cast<unsigned>(appendage_wheels);
   const double xe = L / 2, ye = W / 2, ze = H / 2;
   if (present & appendage_telescopic) {  // two rod stubs and a grip out of the +x end
-    const double wt = U(0.18, std::min(0.30, W - 0.08)) / 2, out = U(0.025, 0.06),
-                 z = -ze + U(0.03, 0.06);
+    double out = U(0.025, 0.06);
+    const double wt = U(0.18, std::min(0.30, W - 0.08)) / 2, z = -ze + U(0.03, 0.06);
+    if (coin2(opt.long_handle_probability)) out = U2(0.10, 0.40), sc.long_handle = true;
     shape.prims.push_back(detail::make_capsule({xe - 0.01, -wt, z}, {xe + out, -wt, z}, 0.007));
     shape.prims.push_back(detail::make_capsule({xe - 0.01, wt, z}, {xe + out, wt, z}, 0.007));
     shape.prims.push_back(detail::make_capsule({xe + out, -wt, z}, {xe + out, wt, z}, 0.013));
@@ -260,11 +292,14 @@ inline scene make_scene(const scene_options& opt) {
   }
   if (present & appendage_strap) {  // a strap hanging over the +y top edge
     const double len = U(0.15, 0.30), phi = U(0.5, 1.2), x = U(-0.5, 0.5) * xe;
+    sc.long_strap = coin2(opt.long_strap_probability) && sc.pose == scene_pose::lying;
+    if (sc.long_strap) strap_x = x;  // hangs down to the belt: built once the flip is known
     const Eigen::Matrix3d rot = Eigen::AngleAxisd(-phi, point3::UnitX()).toRotationMatrix();
     const point3 start(x, ye - 0.03, ze + 0.002);
     const point3 dir = rot * point3::UnitY();
-    shape.prims.push_back(
-        detail::make_box(start + dir * len / 2, Eigen::Vector3d(0.02, len / 2, 0.002), 0.001, rot));
+    if (!sc.long_strap)
+      shape.prims.push_back(detail::make_box(start + dir * len / 2,
+                                             Eigen::Vector3d(0.02, len / 2, 0.002), 0.001, rot));
   }
   if (present & appendage_tag) {  // a tag hanging on a short loop from the +x end, top corner
     const double y = U(-0.5, 0.5) * ye, z = ze - 0.02;
@@ -275,8 +310,6 @@ inline scene make_scene(const scene_options& opt) {
                                            Eigen::Vector3d(0.002, 0.035, 0.045), 0.001, rot));
   }
   sc.appendages = present;
-  Eigen::Vector3d elo = Eigen::Vector3d::Constant(INFINITY), ehi = -elo;
-  for (const auto& p : shape.prims) p.bounds(elo, ehi);
   // pose: local -> world rotation and translation
   Eigen::Matrix3d pose_rot = Eigen::Matrix3d::Identity();
   double lift = ze;
@@ -289,7 +322,18 @@ inline scene make_scene(const scene_options& opt) {
   } else {
     Eigen::Matrix3d base = Eigen::Matrix3d::Identity();
     if (sc.pose == scene_pose::lying) {
-      if (coin(0.5)) base = Eigen::AngleAxisd(std::numbers::pi, point3::UnitX()).toRotationMatrix();
+      const bool flip = coin(0.5);
+      if (flip) base = Eigen::AngleAxisd(std::numbers::pi, point3::UnitX()).toRotationMatrix();
+      if (sc.long_strap) {  // over the +y edge of the face on top, down the side to the belt
+        const double up = flip ? -1.0 : 1.0, phi = U2(1.35, 1.5);
+        const double len = (2 * ze + 0.005) / std::sin(phi) + 0.03;
+        const Eigen::Matrix3d rot =
+            Eigen::AngleAxisd(-up * phi, point3::UnitX()).toRotationMatrix();
+        const point3 start(strap_x, ye - 0.03, up * (ze + 0.002));
+        const point3 dir = rot * point3::UnitY();
+        shape.prims.push_back(detail::make_box(start + dir * len / 2,
+                                               Eigen::Vector3d(0.02, len / 2, 0.002), 0.001, rot));
+      }
       lift = ze;
     } else if (sc.pose == scene_pose::on_side) {  // +y up (the side handle on top)
       base = Eigen::AngleAxisd(-std::numbers::pi / 2, point3::UnitX()).toRotationMatrix();
@@ -301,6 +345,8 @@ inline scene make_scene(const scene_options& opt) {
     sc.yaw = U(-std::numbers::pi, std::numbers::pi);
     pose_rot = Eigen::AngleAxisd(sc.yaw, point3::UnitZ()).toRotationMatrix() * base;
   }
+  Eigen::Vector3d elo = Eigen::Vector3d::Constant(INFINITY), ehi = -elo;
+  for (const auto& p : shape.prims) p.bounds(elo, ehi);
   const point3 centre = opt.full_3d ? point3(U(-0.1, 0.1), U(-0.1, 0.1), U(-0.1, 0.1))
                                     : point3(U(-0.12, 0.12), U(-0.08, 0.08), lift);
   sc.body.rotation = pose_rot;
@@ -349,8 +395,18 @@ inline scene make_scene(const scene_options& opt) {
 
   // pinhole camera above the belt looking down
   const point3 cam(U(-0.05, 0.05), U(-0.05, 0.05), U(1.4, 1.6));
-  const int w = opt.width, h = opt.height;
-  const double f = opt.focal, cx = (w - 1) / 2.0, cy = (h - 1) / 2.0;
+  {
+    const double u = U2(0, 1);
+    sc.resolution = !opt.vary_resolution ? 1.0
+                    : u < 0.2            ? opt.sparse_scale
+                    : u < 0.8            ? 1.0
+                                         : opt.dense_scale;
+  }
+  sc.full_belt = coin2(opt.full_belt_probability);
+  const double belt_half = sc.full_belt ? INFINITY : opt.belt_half_width * U2(0.6, 1.0);
+  const int w = static_cast<int>(std::lround(opt.width * sc.resolution));
+  const int h = static_cast<int>(std::lround(opt.height * sc.resolution));
+  const double f = opt.focal * sc.resolution, cx = (w - 1) / 2.0, cy = (h - 1) / 2.0;
   std::vector<double> depth(static_cast<std::size_t>(w * h), -1);  // camera z-depth, -1: none
   std::vector<double> cosv(static_cast<std::size_t>(w * h), 1);
   std::vector<char> object(static_cast<std::size_t>(w * h), 0);
@@ -372,7 +428,7 @@ inline scene make_scene(const scene_options& opt) {
       if (!opt.include_belt) continue;
       const double z = cam.z();  // belt at z = 0
       const point3 hit = cam + ray * z;
-      if (std::abs(hit.y()) > opt.belt_half_width) continue;
+      if (std::abs(hit.y()) > belt_half) continue;
       depth[k] = z;
       cosv[k] = 1 / ray.norm();
     }
@@ -384,9 +440,10 @@ inline scene make_scene(const scene_options& opt) {
       if (depth[k] < 0) continue;
       const std::size_t nbs[4] = {k - 1, k + 1, k - static_cast<std::size_t>(w),
                                   k + static_cast<std::size_t>(w)};
-      for (auto n : nbs) {
+      for (auto n : nbs) {  // either side of the jump takes a depth between the two
         if (depth[n] < 0 || std::abs(depth[n] - depth[k]) < 0.03) continue;
-        if (depth[n] > depth[k] && coin(opt.mixed_probability))
+        if ((depth[n] > depth[k] || opt.mixed_both_sides) &&
+            coin(opt.mixed_probability / (depth[n] > depth[k] ? 1 : 2)))
           mixed[k] = depth[k] + U(0, 1) * (depth[n] - depth[k]);
         break;
       }
@@ -397,11 +454,32 @@ inline scene make_scene(const scene_options& opt) {
       double z = mixed[k];
       if (z <= 0) continue;
       if (cosv[k] < 0.08 || coin(object[k] ? drop : opt.dropout)) continue;
-      const double sigma =
-          opt.noise_scale * opt.sigma0 * (z / 1.5) * (z / 1.5) / std::sqrt(std::max(cosv[k], 0.1));
+      const double base = opt.legacy_noise ? opt.sigma0 * (z / 1.5) * (z / 1.5)
+                                           : opt.sigma_a + opt.sigma_b * (z - 0.4) * (z - 0.4);
+      const double sigma = opt.noise_scale * base / std::sqrt(std::max(cosv[k], 0.1));
       z += sigma * normal(gen);
       sc.cloud.push_back(cam + point3((i - cx) / f, (j - cy) / f, -1.0) * z);
     }
+  if (coin2(opt.stray_probability)) {  // stray points (reflections, dust) far from the bag
+    sc.strays = 1 + static_cast<int>(U2(0, 3));
+    for (int k = 0; k < sc.strays; ++k) {
+      const double r = U2(0.5, 2.5), az = U2(0, 2 * std::numbers::pi), el = U2(-0.3, 1.2);
+      sc.cloud.push_back(centre + r * point3(std::cos(az) * std::cos(el),
+                                             std::sin(az) * std::cos(el), std::sin(el)));
+    }
+  }
+  if (opt.random_frame) {  // a tilted camera: the scan in another frame
+    const Eigen::Matrix3d rot =
+        (Eigen::AngleAxisd(U2(-std::numbers::pi, std::numbers::pi), point3::UnitZ()) *
+         Eigen::AngleAxisd(U2(0.1, 0.6), point3(U2(-1, 1), U2(-1, 1), 0).normalized()))
+            .toRotationMatrix();
+    const point3 t(U2(-1, 1), U2(-1, 1), U2(-1, 1));
+    for (auto& p : sc.cloud) p = rot * p + t;
+    sc.body.rotation = rot * sc.body.rotation, sc.body.centre = rot * sc.body.centre + t;
+    sc.envelope.rotation = rot * sc.envelope.rotation;
+    sc.envelope.centre = rot * sc.envelope.centre + t;
+    sc.frame_rotation = rot, sc.frame_translation = t;
+  }
   return sc;
 }
 
