@@ -223,4 +223,21 @@ backward_result data_parallel_gradients(M& model, const token_batch& batch, O& o
       opt, comm, stats, sync);
 }
 
+/// The gradient policy of a data-parallel optimizer step (block_optimizer::step's `gradients`
+/// argument): data_parallel_gradients over `comm`. Only the gradients the step asks for exist,
+/// so a block coordinate optimizer reduces its active block only.
+template <Communicator C>
+struct data_parallel {
+  C* comm;
+  data_parallel_stats* stats = nullptr;
+  gradient_sync sync = gradient_sync::all_reduce;
+
+  explicit data_parallel(C& c, data_parallel_stats* s = nullptr) : comm(&c), stats(s) {}
+  template <DecoderModel M, StepNormalisedObjective O>
+  backward_result operator()(M& model, const token_batch& batch, O& objective,
+                             const backward_options& opt) const {
+    return data_parallel_gradients(model, batch, objective, opt, *comm, stats, sync);
+  }
+};
+
 }  // namespace tightfit

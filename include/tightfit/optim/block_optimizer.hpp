@@ -64,6 +64,17 @@ struct step_result {
   double grad_norm = -1;  ///< before clipping (when clipping is on)
 };
 
+/// How an optimizer step computes its gradients: in this process, on this batch (the default).
+/// dist/data_parallel.hpp's data_parallel(comm) computes them over the ranks of a communicator
+/// instead, so that the same optimizer trains data-parallel.
+struct local_gradients {
+  template <class M, class O>
+  backward_result operator()(M& model, const token_batch& batch, O& objective,
+                             const backward_options& opt) const {
+    return compute_gradients(model, batch, objective, opt);
+  }
+};
+
 /// Block coordinate optimizer (see the top comment).
 template <Backend B, UpdateRule Update = adam_update_rule, BlockOrder Order = random_reshuffle,
           class Expansion = no_expansion>
@@ -129,9 +140,13 @@ class block_optimizer {
   /// One optimizer step on `batch`: switches block when due, runs the backward with the active
   /// block's (and the expansion's) gradients only, updates. `base` gives the schedule, chunk,
   /// head mode and temperature; its gradient-control fields are set here (its on_grads_ready,
-  /// if any, is still called).
-  template <Objective O>
-  step_result step(const token_batch& batch, O& objective, backward_options base = {}) {
+  /// if any, is still called). `gradients(model, batch, objective, options)` computes the
+  /// gradients (local_gradients: compute_gradients here; data_parallel(comm): over the ranks,
+  /// where only the active block's gradients are reduced, and an expanded layer is updated with
+  /// its reduced gradient).
+  template <Objective O, class Gradients = local_gradients>
+  step_result step(const token_batch& batch, O& objective, backward_options base = {},
+                   Gradients&& gradients = {}) {
     step_result res;
     if (!started_) {
       start();
@@ -171,7 +186,7 @@ class block_optimizer {
     const auto& ids = active_ids();
     for (std::size_t id : ids)
       if (params.has_grad(id)) params.backend().fill(as_row(params.grad(id)), T(0));
-    res.backward = compute_gradients(*model_, batch, objective, opt);
+    res.backward = gradients(*model_, batch, objective, opt);
     res.loss = res.backward.loss;
     // Gradients the backward produced outside the active block (partial layer or head).
     std::vector<bool> mine(params.size(), false);
