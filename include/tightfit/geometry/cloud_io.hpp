@@ -52,15 +52,19 @@ inline bool bounded_getline(std::istream& in, std::string& line, const std::stri
   }
 }
 
-// The number of bytes left in `in` from its current position (-1 when unknown: not a regular
-// file, e.g. a pipe or /dev/zero).
-inline long long bytes_left(std::istream& in, const std::string& path) {
+// The length of the file at `path` (-1 when unknown: not a regular file, e.g. a pipe or
+// /dev/zero).
+inline long long file_length(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return -1;
   const auto size = std::filesystem::file_size(path, ec);
+  return ec ? -1 : static_cast<long long>(size);
+}
+// The number of bytes left in `in` (of total `length`, -1: unknown) from its current position.
+inline long long bytes_left(std::istream& in, long long length) {
   const auto pos = in.tellg();
-  if (ec || pos < 0) return -1;
-  return static_cast<long long>(size) - static_cast<long long>(pos);
+  if (length < 0 || pos < 0) return -1;
+  return length - static_cast<long long>(pos);
 }
 
 inline int ply_type_size(const std::string& t) {
@@ -89,10 +93,9 @@ struct ply_element {
 };
 }  // namespace detail
 
-/// Reads the vertices (x, y, z) of a PLY file.
-inline points read_ply(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  check(in.good(), "read_ply: cannot open '", path, "'");
+/// Reads the vertices of a PLY from a binary stream `in` of `length` bytes (-1: unknown, then
+/// the data is read in bounded chunks); `path` names it in messages.
+inline points read_ply(std::istream& in, const std::string& path, long long length) {
   std::string line;
   detail::bounded_getline(in, line, path, "read_ply", 1, 64);
   if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -164,7 +167,7 @@ inline points read_ply(const std::string& path) {
   }
   check(ix >= 0 && iy >= 0 && iz >= 0, "read_ply: '", path, "' vertex element lacks x, y or z");
   // every count against what the file can hold, before anything is allocated
-  const long long left = detail::bytes_left(in, path);
+  const long long left = detail::bytes_left(in, length);
   {
     long long need = 0;  // bytes the elements up to the vertices need at least
     for (std::size_t e = 0; e <= vi; ++e) {
@@ -266,12 +269,10 @@ inline bool xyz_header(const std::string (&tok)[3]) {
 }
 }  // namespace detail
 
-/// Reads XYZ/CSV text: the first three numbers of every non-empty, non-comment line. A first
-/// line that is not three numbers is an error unless it names x, y and z (a header); a line
-/// longer than max_line_bytes is an error.
-inline points read_xyz(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  check(in.good(), "read_xyz: cannot open '", path, "'");
+/// Reads XYZ/CSV text from a binary stream: the first three numbers of every non-empty,
+/// non-comment line. A first line that is not three numbers is an error unless it names x, y and
+/// z (a header); a line longer than max_line_bytes is an error. `path` names it in messages.
+inline points read_xyz(std::istream& in, const std::string& path) {
   points out;
   std::string line;
   long long lineno = 0;
@@ -307,6 +308,20 @@ inline points read_xyz(const std::string& path) {
     out.push_back(p);
   }
   return out;
+}
+
+/// Reads the vertices (x, y, z) of a PLY file.
+inline points read_ply(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  check(in.good(), "read_ply: cannot open '", path, "'");
+  return read_ply(in, path, detail::file_length(path));
+}
+
+/// Reads XYZ/CSV text from a file (see the stream version).
+inline points read_xyz(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  check(in.good(), "read_xyz: cannot open '", path, "'");
+  return read_xyz(in, path);
 }
 
 /// Reads a cloud by extension: .ply, otherwise XYZ/CSV text.
