@@ -9,6 +9,14 @@
 // The LM head streams over row chunks by default for `stream` and materialises the (B*T, V)
 // logits for the others, as frameworks do; head_mode selects it separately.
 //
+// Layer-input spacing (backward_options::keep_every = k, checkpoint and stream): only the
+// inputs of every k-th layer, counted from the lowest backpropagated one, are kept from the
+// forward; when the backward reaches a segment of k layers whose inputs were dropped, it
+// recomputes them from the segment's kept input with the same chunked forward, once per segment
+// (multi-level checkpointing, Chen et al. 2016, arXiv 1604.06174, composed with StreamBP's
+// chunked recomputation). Stored inputs drop from L to ceil(L / k) + (k - 1) at the peak, for
+// L - ceil(L / k) extra layer forwards (docs/streambp.md, "Past the memory floor").
+//
 // Invariants: every schedule gives the gradients of plain backprop (to rounding); every
 // activation buffer is allocated through the backend and counted, and the call reports its
 // peak; parameter gradients ACCUMULATE (call parameters().zero_grads() between steps);
@@ -76,6 +84,9 @@ struct backward_options {
   /// then count as activation bytes). With on_grads_ready releasing them (BREAD-SGD, LOMO,
   /// low-rank projections), only one layer's gradients exist at a time.
   bool lazy_layer_grads = false;
+  /// Keep the input of every k-th layer only and recompute the others a segment at a time
+  /// (checkpoint and stream; see the top comment). 1: keep every layer's input.
+  index_t keep_every = 1;
   std::function<void(const grads_ready&)> on_grads_ready;  ///< optimizers, communicators
 };
 
@@ -109,6 +120,8 @@ struct backward_result {
   double forward_seconds = 0;             ///< of which the layers' forward
   double head_seconds = 0;                ///< of which the head (all its passes)
   double statistics_seconds = 0;          ///< of which a two-pass objective's statistics pass
+  double recompute_seconds = 0;           ///< of which re-running dropped layer inputs
+  index_t recomputed_layers = 0;          ///< layer forwards re-run for dropped inputs
   index_t chunk = 0;                      ///< positions per chunk actually used
   index_t lowest_layer = 0;               ///< lowest layer backpropagated (L: none)
 };
@@ -169,6 +182,12 @@ backward_result compute_gradients(M& model, const token_batch& batch, O& objecti
   const index_t nl = cfg.num_hidden_layers, d = cfg.hidden_size;
   detail::validate_batch(model, batch);
   check(opt.chunk >= 1, "compute_gradients: chunk is ", opt.chunk, ", expected >= 1");
+  check(opt.keep_every >= 1 && opt.keep_every <= std::max<index_t>(1, nl),
+        "compute_gradients: keep_every is ", opt.keep_every, ", expected in [1, ", nl,
+        "] (layers)");
+  check(opt.keep_every == 1 || opt.sched != backward_schedule::full,
+        "compute_gradients: keep_every is ", opt.keep_every,
+        ", but the full schedule keeps every activation (use checkpoint or stream)");
   check(opt.layer_weight_grads.empty() || static_cast<index_t>(opt.layer_weight_grads.size()) == nl,
         "compute_gradients: layer_weight_grads has ", opt.layer_weight_grads.size(),
         " entries, expected ", nl, " (one per layer) or none");
@@ -210,6 +229,10 @@ backward_result compute_gradients(M& model, const token_batch& batch, O& objecti
   const index_t bwd_chunk = opt.sched == backward_schedule::stream ? std::min(opt.chunk, t) : t;
   result.chunk = bwd_chunk;
 
+  // Which layer inputs the forward keeps: every keep_every-th from the lowest backpropagated.
+  const index_t k = opt.keep_every;
+  auto kept = [&](index_t l) { return l >= lowest && (l - lowest) % k == 0; };
+
   // Forward: xs[l] is the input of layer l (kept for backward), xs[nl] the final hidden state.
   std::vector<buffer_t<B>> xs;
   xs.reserve(static_cast<std::size_t>(nl + 1));
@@ -223,7 +246,7 @@ backward_result compute_gradients(M& model, const token_batch& batch, O& objecti
     model.layer(l).forward(be, seq, matrix_view<const T>(in.view(rows, d)),
                            xs[static_cast<std::size_t>(l + 1)].view(rows, d), fwd_chunk,
                            opt.sched == backward_schedule::full && l >= lowest);
-    if (l < lowest) in.reset();  // never backpropagated: its input is not needed
+    if (!kept(l)) in.reset();  // below the lowest layer, or recomputed when needed
   }
   result.forward_seconds = std::chrono::duration<double>(clock::now() - start).count();
 
@@ -252,6 +275,20 @@ backward_result compute_gradients(M& model, const token_batch& batch, O& objecti
   // Layers, top to bottom. dx aliases dy: a chunk reads its dy rows before writing its dx
   // rows, and chunks are disjoint, so one (B*T, d) buffer carries the gradient down.
   for (index_t l = nl - 1; l >= lowest; --l) {
+    if (xs[static_cast<std::size_t>(l)].empty()) {
+      // The top of a segment whose inputs were dropped: recompute them from its kept input.
+      const auto recompute_start = clock::now();
+      const index_t base = lowest + (l - lowest) / k * k;
+      for (index_t m = base; m < l; ++m) {
+        xs[static_cast<std::size_t>(m + 1)] = be.template allocate<T>(rows * d);  // (B*T, d)
+        model.layer(m).forward(be, seq,
+                               matrix_view<const T>(xs[static_cast<std::size_t>(m)].view(rows, d)),
+                               xs[static_cast<std::size_t>(m + 1)].view(rows, d), fwd_chunk, false);
+        ++result.recomputed_layers;
+      }
+      result.recompute_seconds +=
+          std::chrono::duration<double>(clock::now() - recompute_start).count();
+    }
     auto& layer = model.layer(l);
     const layer_grad_mode mode{needs(l), l > lowest || opt.embedding_grad};
     auto x = matrix_view<const T>(xs[static_cast<std::size_t>(l)].view(rows, d));

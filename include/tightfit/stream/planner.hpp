@@ -8,6 +8,9 @@
 // allocated inside compute_gradients (parameters and their gradients are not included: the
 // budget is what is left for activations). The objective is a parameter (its statistics pass, if
 // any, is part of the dry run); the layer type is a template parameter (decoder_layer by default).
+// Layer-input spacing (backward_options::keep_every) is priced the same way: its peak by a dry
+// run, its extra work as the layer forwards it re-runs (L - ceil(L / k) of them); the planner
+// picks the smallest spacing (least recomputation) and then the largest chunk that fit.
 #pragma once
 
 #include <algorithm>
@@ -40,11 +43,30 @@ struct plan_result {
   std::size_t budget_bytes = 0;
   index_t chunk = 0;                 ///< largest power-of-two chunk whose peak fits (0: none)
   std::size_t chunk_peak_bytes = 0;  ///< predicted peak with that chunk
+  index_t keep_every = 1;            ///< the smallest layer-input spacing with which `chunk` fits
+  index_t recomputed_layers = 0;     ///< extra layer forwards of that spacing
   index_t max_seq_full = 0;          ///< largest T that fits, per schedule (0: none)
   index_t max_seq_checkpoint = 0;
   index_t max_seq_stream = 0;  ///< with chunk `stream_chunk`
   index_t stream_chunk = 0;
+  /// The largest T with layer-input spacing (the best keep_every for that T, given next to it).
+  index_t max_seq_checkpoint_spaced = 0, checkpoint_keep_every = 1;
+  index_t max_seq_stream_spaced = 0, stream_keep_every = 1;
 };
+
+/// Layer inputs stored at once, at most, in the backward with spacing k over L backpropagated
+/// layers: while segment j (base j k, s_j layers) runs, the kept inputs of segments 0..j and the
+/// s_j - 1 recomputed ones of segment j. About ceil(L / k) + k - 1; smallest near k = sqrt(L).
+inline index_t stored_layer_inputs(index_t layers, index_t k) {
+  index_t most = 0;
+  for (index_t j = 0; j * k < layers; ++j)
+    most = std::max(most, (j + 1) + std::min(k, layers - j * k) - 1);
+  return most;
+}
+/// Layer forwards re-run for dropped inputs with spacing k over L layers.
+inline index_t recomputed_layer_forwards(index_t layers, index_t k) {
+  return layers - (layers + k - 1) / k;
+}
 
 namespace detail {
 /// Largest T in [1, limit] with fits(T) (fits is monotone in T), 0 when fits(1) fails.
@@ -77,18 +99,26 @@ plan_result plan_memory(const model_config& config, index_t batch, index_t seq_l
   check(seq_len >= 1, "plan_memory: sequence length is ", seq_len, ", expected >= 1");
   plan_result r;
   r.budget_bytes = budget_bytes;
-  auto peak = [&](backward_schedule s, index_t t, index_t chunk) {
+  auto peak = [&](backward_schedule s, index_t t, index_t chunk, index_t k = 1) {
     backward_options o;
     o.sched = s;
     o.chunk = chunk;
+    o.keep_every = k;
     return predict_peak_activation_bytes<T, Layer>(config, batch, t, o, objective);
   };
-  for (index_t c = 1; c <= seq_len; c *= 2) {
-    const std::size_t p = peak(backward_schedule::stream, seq_len, c);
-    if (p > budget_bytes) break;
-    r.chunk = c;
-    r.chunk_peak_bytes = p;
-    if (c > seq_len / 2) break;
+  const index_t nl = config.num_hidden_layers;
+  // The fastest policy at seq_len: the smallest spacing with a fitting chunk, then its largest
+  // power-of-two chunk.
+  for (index_t k = 1; k <= nl && r.chunk == 0; ++k) {
+    for (index_t c = 1; c <= seq_len; c *= 2) {
+      const std::size_t p = peak(backward_schedule::stream, seq_len, c, k);
+      if (p > budget_bytes) break;
+      r.chunk = c;
+      r.chunk_peak_bytes = p;
+      r.keep_every = k;
+      r.recomputed_layers = recomputed_layer_forwards(nl, k);
+      if (c > seq_len / 2) break;
+    }
   }
   r.stream_chunk = stream_chunk > 0 ? stream_chunk : 512;
   r.max_seq_full = detail::largest_fitting(
@@ -99,6 +129,32 @@ plan_result plan_memory(const model_config& config, index_t batch, index_t seq_l
   r.max_seq_stream = detail::largest_fitting(max_seq, [&](index_t t) {
     return peak(backward_schedule::stream, t, r.stream_chunk) <= budget_bytes;
   });
+  // With spacing: the spacings that store the fewest layer inputs (the others cannot reach a
+  // longer T: everything else they allocate is the same), each priced by a dry run.
+  index_t fewest = nl;
+  for (index_t k = 1; k <= nl; ++k) fewest = std::min(fewest, stored_layer_inputs(nl, k));
+  std::vector<index_t> candidates;
+  for (index_t k = 1; k <= nl; ++k)
+    if (stored_layer_inputs(nl, k) == fewest) candidates.push_back(k);
+  // The first candidate spacing with which schedule s fits T (0: none).
+  auto fitting_k = [&](backward_schedule s, index_t t) -> index_t {
+    for (index_t k : candidates)
+      if (peak(s, t, s == backward_schedule::stream ? r.stream_chunk : t, k) <= budget_bytes)
+        return k;
+    return 0;
+  };
+  for (auto s : {backward_schedule::checkpoint, backward_schedule::stream}) {
+    const index_t t =
+        detail::largest_fitting(max_seq, [&](index_t n) { return fitting_k(s, n) > 0; });
+    const index_t k = t > 0 ? fitting_k(s, t) : 1;
+    if (s == backward_schedule::checkpoint) {
+      r.max_seq_checkpoint_spaced = t;
+      r.checkpoint_keep_every = k;
+    } else {
+      r.max_seq_stream_spaced = t;
+      r.stream_keep_every = k;
+    }
+  }
   return r;
 }
 
