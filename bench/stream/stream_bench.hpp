@@ -9,6 +9,7 @@
 //   bench_stream [--seq 2048,4096,8192,16384] [--schedules full,checkpoint,stream]
 //                [--chunk 512] [--batch 1] [--preset qwen3-bench|small] [--csv FILE]
 //                [--objective sft|grpo|dpo]  (dpo: the batch holds B/2 chosen, B/2 rejected)
+//   schedules: full, checkpoint, stream, or checkpoint-kK / stream-kK (layer-input spacing K)
 //                [--compare]   (in-process: also the largest gradient difference to full)
 #pragma once
 
@@ -121,6 +122,25 @@ double gemm_gflops() {
   return best;
 }
 
+/// A schedule name of the driver: full, checkpoint, stream, or checkpoint-kK / stream-kK with
+/// layer-input spacing K (backward_options::keep_every).
+struct schedule_spec {
+  backward_schedule sched = backward_schedule::stream;
+  index_t keep_every = 1;
+};
+inline schedule_spec parse_schedule_spec(const std::string& name) {
+  const auto dash = name.find("-k");
+  schedule_spec spec;
+  spec.sched = parse_backward_schedule(name.substr(0, dash));
+  if (dash != std::string::npos) {
+    const std::string k = name.substr(dash + 2);
+    check(!k.empty() && k.size() < 6 && k.find_first_not_of("0123456789") == std::string::npos,
+          "schedule '", name, "': expected <schedule>-k<layers>, e.g. stream-k3");
+    spec.keep_every = std::stoll(k);
+  }
+  return spec;
+}
+
 struct row {
   std::string sched, objective = "sft";
   index_t seq = 0, chunk = 0;
@@ -174,20 +194,22 @@ backward_result with_objective(const std::string& name, index_t batch, index_t s
 }
 
 row measure(decoder_model<backend>& model, const batch_data& data, index_t batch, index_t seq,
-            backward_schedule s, index_t chunk, const std::string& objective = "sft") {
+            const std::string& sched_name, index_t chunk, const std::string& objective = "sft") {
+  const schedule_spec spec = parse_schedule_spec(sched_name);
   auto& be = model.backend();
   model.parameters().zero_grads();
   be.stats().reset();
   backward_options o;
-  o.sched = s;
+  o.sched = spec.sched;
   o.chunk = chunk;
+  o.keep_every = spec.keep_every;
   const auto r = with_objective(objective, batch, seq, [&](auto& loss) {
     return compute_gradients(model, {batch, seq, data.ids, data.targets, {}}, loss, o);
   });
   row out;
   out.objective = objective;
   out.stats_s = r.statistics_seconds;
-  out.sched = to_string(s);
+  out.sched = sched_name;
   out.seq = seq;
   out.chunk = r.chunk;
   out.peak_bytes = double(r.peak_activation_bytes);
@@ -277,8 +299,14 @@ inline bench_options parse_options(int argc, char** argv) {
   if (o.scheds.empty()) throw bench_usage{"--schedules is empty"};
   model_config cfg;
   try {
-    for (const auto& name : o.scheds) (void)parse_backward_schedule(name);
     cfg = preset_config(o.preset_name);
+    for (const auto& name : o.scheds) {
+      const schedule_spec spec = parse_schedule_spec(name);
+      check(spec.keep_every >= 1 && spec.keep_every <= cfg.num_hidden_layers, "schedule '", name,
+            "': spacing ", spec.keep_every, ", expected in [1, ", cfg.num_hidden_layers, "]");
+      check(spec.keep_every == 1 || spec.sched != backward_schedule::full, "schedule '", name,
+            "': the full schedule keeps every activation");
+    }
   } catch (const error& e) {
     throw bench_usage{e.what()};
   }
@@ -311,7 +339,9 @@ inline bench_options parse_options(int argc, char** argv) {
                         " this process may use (physical memory, ulimit -v / -d)"};
     for (const auto& name : o.scheds) {
       backward_options bo;
-      bo.sched = parse_backward_schedule(name);
+      const schedule_spec spec = parse_schedule_spec(name);
+      bo.sched = spec.sched;
+      bo.keep_every = spec.keep_every;
       bo.chunk = o.chunk;
       const std::uint64_t need =
           predict_peak_activation_bytes<float>(cfg, o.batch, seq, bo, sft_loss{}) + *tokens +
@@ -385,8 +415,7 @@ inline int stream_bench_main(int argc, char** argv, const std::vector<std::strin
       model.init_random(1);
       const index_t seq = seq_list.at(0);
       const auto data = make_batch(batch, seq, cfg.vocab_size);
-      const row r = measure(model, data, batch, seq, parse_backward_schedule(sched_list.at(0)),
-                            chunk, objective);
+      const row r = measure(model, data, batch, seq, sched_list.at(0), chunk, objective);
       std::printf("ROW %s %lld %lld %.0f %.0f %.3f %.6f %.6f %.6e %.8f %.6f %.3f\n",
                   r.sched.c_str(), static_cast<long long>(r.seq), static_cast<long long>(r.chunk),
                   r.peak_bytes, r.predicted_bytes, r.rss_mib, r.fwd_s, r.total_s, r.flops, r.loss,
@@ -417,7 +446,7 @@ inline int stream_bench_main(int argc, char** argv, const std::vector<std::strin
         const auto data = make_batch(batch, seq, cfg.vocab_size);
         std::vector<std::vector<float>> reference;
         for (const auto& name : sched_list) {
-          row r = measure(model, data, batch, seq, parse_backward_schedule(name), chunk, objective);
+          row r = measure(model, data, batch, seq, name, chunk, objective);
           auto& p = model.parameters();
           std::vector<std::vector<float>> grads;
           for (std::size_t i = 0; i < p.size(); ++i)
