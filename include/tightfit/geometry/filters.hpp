@@ -1,5 +1,5 @@
 // tightfit/geometry/filters.hpp: voxel-grid downsampling, statistical outlier removal and
-// Euclidean clustering (kd-tree radius search), the cleaning steps of MEBB (ALGORITHMS.md 3,
+// Euclidean clustering (kd-tree radius search), the cleaning steps of MEBB (docs/mebb.md,
 // steps 0 and 1).
 //
 // Invariants: every function returns a new cloud (or index list) and leaves its input alone;

@@ -1,4 +1,4 @@
-// tightfit/geometry/mebb.hpp: MEBB, the minimum elastic bounding box (ALGORITHMS.md section 3).
+// tightfit/geometry/mebb.hpp: MEBB, the minimum elastic bounding box (docs/mebb.md).
 //
 // Measures the main body of an object (a suitcase) in a point cloud while ignoring sparse
 // appendages (handles, wheels, straps, tags): each face of the box is an elastic membrane split
@@ -9,7 +9,7 @@
 //
 // Two settings: a belt (z = 0 in the belt frame, up = +z, top-down camera; the bottom face rests
 // on the belt) and full 3D (no belt; all six faces elastic). Every parameter lives in
-// mebb_options with the defaults of ALGORITHMS.md; departures from it are documented there and in
+// mebb_options with the defaults of the published method; departures from it are documented in
 // docs/mebb.md. Invariants: the result's box lies inside the cleaned cloud's envelope; the result
 // does not depend on the order of the input points beyond rounding.
 #pragma once
@@ -59,13 +59,14 @@ struct mebb_options {
   double square_ratio = 1.5;  ///< lambda1/lambda2 below which the edge-direction yaw is used
   /// Use the edge-direction yaw for every footprint, not only near-square ones (PCA remains the
   /// fallback when no silhouette cell votes): appendages skew the PCA yaw by several degrees on
-  /// elongated bags too. An addition to ALGORITHMS.md; false gives the paper's rule.
+  /// elongated bags too. An addition to the published method; false gives the paper's rule.
   bool edge_yaw_always = true;
   double edge_radius = 0.025;    ///< neighbourhood of a silhouette cell for its direction
   double edge_elongation = 8.0;  ///< eigenvalue ratio for a silhouette cell to vote
   /// Belt setting: re-estimate the yaw between outer iterations from line fits to the top-edge
   /// points of the four side faces (instead of PCA of the points inside the box, which the
-  /// near-square case and the limb geometry bias by 1-3 degrees). An addition to ALGORITHMS.md.
+  /// near-square case and the limb geometry bias by 1-3 degrees). An addition to the published
+  /// method.
   bool wall_yaw = true;
   // step 3: elastic faces
   double column = 0.010;             ///< g: column size on the face plane
@@ -86,7 +87,7 @@ struct mebb_options {
   /// so the last visible points stop a few mm inside the wall. With this on, each side face is
   /// moved out to the wall of a circular edge profile fitted to the points under the top edge
   /// (radius by least median deviation, at most `profile_max_shift` outward, never inward).
-  /// An addition to ALGORITHMS.md (see docs/mebb.md for the numbers with and without).
+  /// An addition to the published method (see docs/mebb.md for the numbers with and without).
   bool edge_profile = true;
   double profile_depth = 0.05;       ///< use points up to this far below the top face
   double profile_max_shift = 0.012;  ///< largest outward correction
@@ -430,11 +431,11 @@ inline void check_options(const mebb_options& o) {
 
 /// Cleaning and isotropic density (steps 0 and 1): on a belt (points in the belt frame) drops
 /// the belt, then voxelises, keeps the largest Euclidean cluster and removes statistical
-/// outliers. Voxelising first is a departure from ALGORITHMS.md (which cleans first): the same
-/// structure at a fraction of the cost, since clustering and k-NN run on voxel centroids.
-/// With `raw`, also returns the input points (above the belt cut) whose voxels survived the
-/// cleaning: what the baselines see (they are defined on the sensor's points, not on centroids).
-/// With `stats`, also returns how many voxels the clustering and outlier removal kept.
+/// outliers. Voxelising first is a departure from the published method (which cleans first): the
+/// same structure at a fraction of the cost, since clustering and k-NN run on voxel centroids. With
+/// `raw`, also returns the input points (above the belt cut) whose voxels survived the cleaning:
+/// what the baselines see (they are defined on the sensor's points, not on centroids). With
+/// `stats`, also returns how many voxels the clustering and outlier removal kept.
 inline points mebb_clean(const points& p, bool belt, const mebb_options& o, points* raw = nullptr,
                          clean_stats* stats = nullptr) {
   points q;

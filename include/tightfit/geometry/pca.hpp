@@ -1,5 +1,5 @@
 // tightfit/geometry/pca.hpp: principal axes of a cloud (3D and top view) and the edge-direction
-// yaw of a near-square footprint (ALGORITHMS.md 3, step 2).
+// yaw of a near-square footprint (docs/mebb.md, step 2).
 //
 // PCA yaw is unreliable when the footprint is near square (lambda1/lambda2 < 1.5); then the yaw is
 // the peak of a histogram of straight-edge directions (mod 90 degrees) along the rasterised
