@@ -51,11 +51,19 @@ bool same_result(const tg::measurement& a, const tg::measurement& b) {
          a.box.centre == b.box.centre;
 }
 
+// The one fixture whose status misses the issue's `ok` (#13): bag_024 is measured within 5 mm,
+// but its two voxel lattices disagree by ~18 mm on L and W, so it reports low_confidence
+// (docs/mebb.md, "Open problems"). Asserted as it is, so that a change either way shows.
+bool known_low_confidence(const fixture& f) {
+  return f.file == "bag_024.ply";
+}
+
 void check_fixture(const tg::measurement& m, const fixture& f, const char* variant) {
   CAPTURE(f.file);
   const std::string v = variant;
   CAPTURE(v);
-  CHECK(m.status == tg::measure_status::ok);
+  CHECK(m.status ==
+        (known_low_confidence(f) ? tg::measure_status::low_confidence : tg::measure_status::ok));
   CHECK(m.belt.has_value());
   for (std::size_t k = 0; k < 3; ++k) {
     CAPTURE(k);
@@ -65,10 +73,7 @@ void check_fixture(const tg::measurement& m, const fixture& f, const char* varia
 
 }  // namespace
 
-// Known failure: bag_024 is measured within 5 mm in every variant but its two voxel lattices
-// disagree by ~18 mm on L and W, so its status is low_confidence (docs/mebb.md, "Open problems").
-TEST_CASE("independent fixtures: within 5 mm, status ok, the same for every order of the points" *
-          doctest::may_fail()) {
+TEST_CASE("independent fixtures: within 5 mm, status ok, the same for every order of the points") {
   const std::string dir = TIGHTFIT_MEBB_FIXTURES;
   const char* ci = std::getenv("CI");
   if (!std::filesystem::exists(dir + "/truth.jsonl")) {
