@@ -31,10 +31,14 @@ struct piece {
 
   piece(index_t b, index_t t, index_t vocab, std::uint64_t seed)
       : rows(b, t, vocab, lengths_for(b, t, seed), seed, 0.25) {
-    // Every row predicts at least one token (DPO refuses empty completions).
+    // The last valid position predicts nothing (as shift_labels leaves it), so that a row
+    // means the same in its piece and padded in the union; every row predicts at least one
+    // token (DPO refuses empty completions).
     for (index_t r = 0; r < b; ++r) {
       bool any = false;
-      for (index_t s = 0; s < rows.lengths[static_cast<std::size_t>(r)]; ++s)
+      const index_t len = rows.lengths[static_cast<std::size_t>(r)];
+      rows.targets[static_cast<std::size_t>(r * t + len - 1)] = ignore_index;
+      for (index_t s = 0; s < len - 1; ++s)
         any = any || rows.targets[static_cast<std::size_t>(r * t + s)] != ignore_index;
       if (!any) rows.targets[static_cast<std::size_t>(r * t)] = static_cast<token_id>(seed % vocab);
     }

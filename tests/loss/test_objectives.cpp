@@ -35,7 +35,9 @@ std::vector<double> dense_logprobs(decoder_model<ref>& model, const random_batch
 bool counted(const random_batch& b, index_t r) {
   const index_t len =
       b.lengths.empty() ? b.seq_len : b.lengths[static_cast<std::size_t>(r / b.seq_len)];
-  return b.targets[static_cast<std::size_t>(r)] != ignore_index && r % b.seq_len < len;
+  // a padded row's last valid position predicts a padding token: never counted
+  const index_t last = len < b.seq_len ? len - 1 : len;
+  return b.targets[static_cast<std::size_t>(r)] != ignore_index && r % b.seq_len < last;
 }
 
 /// GRPO written from the formula (docs/objectives.md), independently of loss/grpo.hpp: token or
@@ -471,4 +473,35 @@ TEST_CASE("degenerate objective input: documented zeros or clear errors, never N
                        error);
   CHECK_THROWS_WITH_AS(parse_dpo_loss_type("kto"), doctest::Contains("unknown DPO loss type"),
                        error);
+}
+
+TEST_CASE(
+    "a target in the padding never counts, whatever its label (the last valid position too)") {
+  const auto cfg = tiny_config(2, 1, false, false);
+  ref be;
+  decoder_model<ref> model(be, cfg);
+  model.init_random(3, 0.3);
+  random_batch clean(2, 7, cfg.vocab_size, {5, 7}, 8, 0.0);
+  // Row 0 is padded: its targets from position 4 on (position 4 predicts padding position 5)
+  // are ignore_index in `clean` and garbage in `dirty`.
+  for (index_t t = 4; t < 7; ++t) clean.targets[static_cast<std::size_t>(t)] = ignore_index;
+  random_batch dirty = clean;
+  for (index_t t = 4; t < 7; ++t) dirty.targets[static_cast<std::size_t>(t)] = 11;
+  backward_options o;
+  o.chunk = 3;
+  sft_loss a, b;
+  const double want = compute_gradients(model, clean.view(), a, o).loss;
+  const auto want_grads = grads_of(model.parameters());
+  model.parameters().zero_grads();
+  const double got = compute_gradients(model, dirty.view(), b, o).loss;
+  CHECK(got == want);
+  CHECK(a.counted_tokens() == b.counted_tokens());
+  CHECK(grads_of(model.parameters()) == want_grads);
+  // The unpadded row keeps its last target: a caller may know the next token of a longer text.
+  random_batch next = clean;
+  next.targets[static_cast<std::size_t>(7 + 6)] = 5;
+  sft_loss c;
+  model.parameters().zero_grads();
+  compute_gradients(model, next.view(), c, o);
+  CHECK(c.counted_tokens() == a.counted_tokens() + (clean.targets[13] == ignore_index ? 1 : 0));
 }

@@ -155,13 +155,16 @@ void validate_batch(const M& model, const token_batch& batch) {
   }
 }
 
-/// The targets with padded positions (t >= length(b)) set to ignore_index.
+/// The targets with every target in the padding dropped: positions t >= length(b), and the
+/// last valid position when the row is padded (its target is the token at position length(b),
+/// which is padding whatever its label says). An unpadded row keeps its last target (the next
+/// token of a longer text, when the caller knows it).
 inline std::vector<token_id> masked_targets(const token_batch& batch) {
   std::vector<token_id> targets(batch.targets.begin(), batch.targets.end());
   for (index_t b = 0; b < batch.batch; ++b) {
     const index_t len =
         batch.lengths.empty() ? batch.seq_len : batch.lengths[static_cast<std::size_t>(b)];
-    for (index_t p = len; p < batch.seq_len; ++p)
+    for (index_t p = len < batch.seq_len ? len - 1 : len; p < batch.seq_len; ++p)
       targets[static_cast<std::size_t>(b * batch.seq_len + p)] = ignore_index;
   }
   return targets;
