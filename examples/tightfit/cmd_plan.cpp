@@ -37,18 +37,32 @@ int run_plan(const model_config& cfg, index_t batch, index_t seq, std::size_t bu
               static_cast<long long>(cfg.intermediate_size), static_cast<long long>(cfg.vocab_size),
               dtype, static_cast<long long>(batch));
   std::printf("budget: %.1f MiB of activations\n", double(budget) / 1048576.0);
-  if (p.chunk > 0)
+  if (p.chunk > 0 && p.keep_every == 1)
     std::printf("chunk at T=%lld: %lld (peak %.1f MiB)\n", static_cast<long long>(seq),
                 static_cast<long long>(p.chunk), double(p.chunk_peak_bytes) / 1048576.0);
+  else if (p.chunk > 0)
+    std::printf(
+        "chunk at T=%lld: %lld with keep_every %lld (peak %.1f MiB, %lld "
+        "extra layer forwards of %lld)\n",
+        static_cast<long long>(seq), static_cast<long long>(p.chunk),
+        static_cast<long long>(p.keep_every), double(p.chunk_peak_bytes) / 1048576.0,
+        static_cast<long long>(p.recomputed_layers), static_cast<long long>(cfg.num_hidden_layers));
   else
     std::printf("chunk at T=%lld: none fits (even chunk 1 exceeds the budget)\n",
                 static_cast<long long>(seq));
   std::printf("largest T: full %lld, checkpoint %lld, stream %lld (chunk %lld)\n",
               static_cast<long long>(p.max_seq_full), static_cast<long long>(p.max_seq_checkpoint),
               static_cast<long long>(p.max_seq_stream), static_cast<long long>(p.stream_chunk));
+  std::printf(
+      "largest T with layer-input spacing: checkpoint %lld (keep_every %lld), "
+      "stream %lld (keep_every %lld)\n",
+      static_cast<long long>(p.max_seq_checkpoint_spaced),
+      static_cast<long long>(p.checkpoint_keep_every),
+      static_cast<long long>(p.max_seq_stream_spaced), static_cast<long long>(p.stream_keep_every));
   if (p.max_seq_checkpoint > 0)
-    std::printf("stream / checkpoint sequence length: %.2fx\n",
-                double(p.max_seq_stream) / double(p.max_seq_checkpoint));
+    std::printf("stream / checkpoint sequence length: %.2fx (with spacing: %.2fx)\n",
+                double(p.max_seq_stream) / double(p.max_seq_checkpoint),
+                double(p.max_seq_stream_spaced) / double(p.max_seq_checkpoint));
   return 0;
 }
 
