@@ -45,7 +45,8 @@ constexpr const char* grad_usage =
     "  attention_mask holds 0 / 1 only; a label outside the mask is never supervised,\n"
     "  whatever its value.\n"
     "  Loss types: grpo|bnpo|dr_grpo (grpo), sigmoid|ipo|hinge (dpo). --chunk auto picks the\n"
-    "  largest power-of-two chunk whose StreamBP peak fits --budget (default 4G).\n"
+    "  largest power-of-two chunk whose StreamBP peak fits --budget (default 4G), keeping only\n"
+    "  every k-th layer input (the smallest k that fits) when all inputs do not fit.\n"
     "  Prints one JSON line: loss, schedule, chunk, peak_activation_bytes, seconds, ...\n";
 
 /// A (B, T) integer tensor of the batch file, or an error naming it.
@@ -198,6 +199,8 @@ int run_grad(const arguments& a) {
     check(plan.chunk >= 1, "--chunk auto: even chunk 1 needs more than the budget of ", budget,
           " bytes at T = ", t);
     opt.chunk = plan.chunk;
+    // > 1 when only layer-input spacing fits the budget (full keeps every activation anyway)
+    if (opt.sched != backward_schedule::full) opt.keep_every = plan.keep_every;
   } else {
     opt.chunk = a.integer("--chunk", 512, 1, max_count);
   }
@@ -249,6 +252,7 @@ int run_grad(const arguments& a) {
   out["objective"] = objective;
   out["schedule"] = to_string(opt.sched);
   out["chunk"] = result.chunk;
+  out["keep_every"] = opt.keep_every;
   out["dtype"] = sizeof(T) == 8 ? "f64" : "f32";
   out["batch"] = b;
   out["seq_len"] = t;
