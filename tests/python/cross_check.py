@@ -176,7 +176,10 @@ def make_batch(g, B, T, vocab, lengths):
     mask = torch.zeros(B, T, dtype=torch.int64)
     for b, n in enumerate(lengths):
         mask[b, :n] = 1
-        labels[b, n:] = -100
+        # Padding keeps real token ids as labels (not -100): positions outside attention_mask
+        # must never be supervised whatever their label (the torch reference masks them by
+        # length; a tool that counted them would disagree).
+        labels[b, n:] = ids[b, n:]
     return ids, labels, mask
 
 
