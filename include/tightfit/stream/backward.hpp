@@ -17,6 +17,12 @@
 // chunked recomputation). Stored inputs drop from L to ceil(L / k) + (k - 1) at the peak, for
 // L - ceil(L / k) extra layer forwards (docs/streambp.md, "Past the memory floor").
 //
+// Offload (backward_options::offload_layer_inputs, checkpoint and stream, a backend with a host
+// memory tier, backend/offload.hpp): the kept layer inputs but the top one go to the host tier
+// while the next layer computes and come back one layer ahead of their backward, so backend
+// memory holds at most three layer inputs in the forward and two in the backward
+// (stream/layer_inputs.hpp); the host tier holds the kept ones.
+//
 // Invariants: every schedule gives the gradients of plain backprop (to rounding); every
 // activation buffer is allocated through the backend and counted, and the call reports its
 // peak; parameter gradients ACCUMULATE (call parameters().zero_grads() between steps);
@@ -27,6 +33,7 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +43,7 @@
 #include "tightfit/nn/layer.hpp"
 #include "tightfit/nn/model.hpp"
 #include "tightfit/stream/head.hpp"
+#include "tightfit/stream/layer_inputs.hpp"
 
 namespace tightfit {
 
@@ -87,6 +95,10 @@ struct backward_options {
   /// Keep the input of every k-th layer only and recompute the others a segment at a time
   /// (checkpoint and stream; see the top comment). 1: keep every layer's input.
   index_t keep_every = 1;
+  /// Keep the retained layer inputs in the backend's host memory tier (checkpoint and stream;
+  /// needs an OffloadBackend, e.g. a device backend with pinned host memory): see the top
+  /// comment. The gradients do not change; device bytes drop, host-tier bytes are reported.
+  bool offload_layer_inputs = false;
   std::function<void(const grads_ready&)> on_grads_ready;  ///< optimizers, communicators
 };
 
@@ -121,6 +133,8 @@ struct backward_result {
   double head_seconds = 0;                ///< of which the head (all its passes)
   double statistics_seconds = 0;          ///< of which a two-pass objective's statistics pass
   double recompute_seconds = 0;           ///< of which re-running dropped layer inputs
+  std::size_t peak_host_bytes = 0;        ///< offload: peak host-tier bytes inside the call
+  std::size_t offload_bytes = 0;          ///< offload: bytes copied between the tiers
   index_t recomputed_layers = 0;          ///< layer forwards re-run for dropped inputs
   index_t chunk = 0;                      ///< positions per chunk actually used
   index_t lowest_layer = 0;               ///< lowest layer backpropagated (L: none)
@@ -191,6 +205,9 @@ backward_result compute_gradients(M& model, const token_batch& batch, O& objecti
   check(opt.keep_every == 1 || opt.sched != backward_schedule::full,
         "compute_gradients: keep_every is ", opt.keep_every,
         ", but the full schedule keeps every activation (use checkpoint or stream)");
+  check(!opt.offload_layer_inputs || opt.sched != backward_schedule::full,
+        "compute_gradients: offload_layer_inputs needs the checkpoint or stream schedule (the full "
+        "schedule keeps every activation in backend memory)");
   check(opt.layer_weight_grads.empty() || static_cast<index_t>(opt.layer_weight_grads.size()) == nl,
         "compute_gradients: layer_weight_grads has ", opt.layer_weight_grads.size(),
         " entries, expected ", nl, " (one per layer) or none");
@@ -236,21 +253,30 @@ backward_result compute_gradients(M& model, const token_batch& batch, O& objecti
   const index_t k = opt.keep_every;
   auto kept = [&](index_t l) { return l >= lowest && (l - lowest) % k == 0; };
 
-  // Forward: xs[l] is the input of layer l (kept for backward), xs[nl] the final hidden state.
-  std::vector<buffer_t<B>> xs;
-  xs.reserve(static_cast<std::size_t>(nl + 1));
-  xs.push_back(be.template allocate<T>(rows * d));  // (B*T, d)
+  // Forward: input l of layer l (kept for backward), input nl the final hidden state, each
+  // (B*T, d). With offload the kept inputs but the top one move to the host tier, each copy
+  // overlapping the next layer's forward; the top one is the first the backward needs.
+  std::optional<peak_scope> host_scope;
+  if constexpr (OffloadBackend<B>) host_scope.emplace(be.host_memory());
+  detail::layer_input_store<B> inputs(be, nl, rows * d, opt.offload_layer_inputs);
+  index_t top_kept = -1;
+  for (index_t l = 0; l < nl; ++l)
+    if (kept(l)) top_kept = l;
   be.embedding_forward(
       as_matrix(std::span<const T>(params.value(model.embed_id())), cfg.vocab_size, d),
-      batch.input_ids, xs[0].view(rows, d));
+      batch.input_ids, inputs.allocate(0).view(rows, d));
   for (index_t l = 0; l < nl; ++l) {
-    xs.push_back(be.template allocate<T>(rows * d));  // (B*T, d)
-    auto& in = xs[static_cast<std::size_t>(l)];
-    model.layer(l).forward(be, seq, matrix_view<const T>(in.view(rows, d)),
-                           xs[static_cast<std::size_t>(l + 1)].view(rows, d), fwd_chunk,
+    inputs.allocate(l + 1);
+    model.layer(l).forward(be, seq, matrix_view<const T>(inputs.device(l).view(rows, d)),
+                           inputs.device(l + 1).view(rows, d), fwd_chunk,
                            opt.sched == backward_schedule::full && l >= lowest);
-    if (!kept(l)) in.reset();  // below the lowest layer, or recomputed when needed
+    inputs.settle();  // the input of layer l - 1 has reached the host tier
+    if (!kept(l))
+      inputs.release(l);  // below the lowest layer, or recomputed when needed
+    else if (inputs.offload() && l != top_kept)
+      inputs.move_to_host(l);
   }
+  inputs.settle();
   result.forward_seconds = std::chrono::duration<double>(clock::now() - start).count();
 
   // Head: loss, head gradients, dH.
@@ -266,35 +292,49 @@ backward_result compute_gradients(M& model, const token_batch& batch, O& objecti
   if (lowest < nl) dy = be.template allocate<T>(rows * d);  // (B*T, d)
   {
     const auto head_start = clock::now();
-    auto hidden = xs[static_cast<std::size_t>(nl)].view(rows, d);
+    auto hidden = inputs.device(nl).view(rows, d);
     result.loss = lm_head_backward(model, matrix_view<const T>(hidden), layout, objective, hopt,
                                    lowest < nl ? dy.view(rows, d) : matrix_view<T>{}, opt.head_grad,
                                    &result.statistics_seconds);
     result.head_seconds = std::chrono::duration<double>(clock::now() - head_start).count();
-    xs[static_cast<std::size_t>(nl)].reset();
+    inputs.release(nl);
   }
   if (opt.head_grad && opt.on_grads_ready) opt.on_grads_ready({grads_ready::kind::head, -1});
 
   // Layers, top to bottom. dx aliases dy: a chunk reads its dy rows before writing its dx
   // rows, and chunks are disjoint, so one (B*T, d) buffer carries the gradient down.
+  auto segment_base = [&](index_t l) { return lowest + (l - lowest) / k * k; };
+  // Input l on the device now (it was not fetched ahead).
+  auto fetch_now = [&](index_t l) {
+    if (inputs.on_device(l)) return;
+    inputs.fetch(l);
+    inputs.settle();
+  };
   for (index_t l = nl - 1; l >= lowest; --l) {
-    if (xs[static_cast<std::size_t>(l)].empty()) {
+    if (kept(l)) {
+      fetch_now(l);
+    } else if (!inputs.on_device(l)) {
       // The top of a segment whose inputs were dropped: recompute them from its kept input.
       const auto recompute_start = clock::now();
-      const index_t base = lowest + (l - lowest) / k * k;
+      const index_t base = segment_base(l);
+      fetch_now(base);
       for (index_t m = base; m < l; ++m) {
-        xs[static_cast<std::size_t>(m + 1)] = be.template allocate<T>(rows * d);  // (B*T, d)
-        model.layer(m).forward(be, seq,
-                               matrix_view<const T>(xs[static_cast<std::size_t>(m)].view(rows, d)),
-                               xs[static_cast<std::size_t>(m + 1)].view(rows, d), fwd_chunk, false);
+        model.layer(m).forward(be, seq, matrix_view<const T>(inputs.device(m).view(rows, d)),
+                               inputs.allocate(m + 1).view(rows, d), fwd_chunk, false);
         ++result.recomputed_layers;
       }
       result.recompute_seconds +=
           std::chrono::duration<double>(clock::now() - recompute_start).count();
     }
+    // Fetch the next input the backward needs from the host tier while this layer runs: the
+    // input of layer l - 1, or the kept input its segment is recomputed from.
+    if (l > lowest) {
+      const index_t next = kept(l - 1) ? l - 1 : segment_base(l - 1);
+      if (!inputs.on_device(next) && inputs.on_host(next)) inputs.fetch(next);
+    }
     auto& layer = model.layer(l);
     const layer_grad_mode mode{needs(l), l > lowest || opt.embedding_grad};
-    auto x = matrix_view<const T>(xs[static_cast<std::size_t>(l)].view(rows, d));
+    auto x = matrix_view<const T>(inputs.device(l).view(rows, d));
     if (mode.weight_grads && opt.lazy_layer_grads) allocate_layer_grads(l);
     layer.begin_backward(be, seq, x, bwd_chunk, mode);
     const index_t chunks = (t + bwd_chunk - 1) / bwd_chunk;
@@ -304,7 +344,8 @@ backward_result compute_gradients(M& model, const token_batch& batch, O& objecti
                            mode.input_grad ? dy.view(rows, d) : matrix_view<T>{}, mode);
     }
     layer.end_backward(be);
-    xs[static_cast<std::size_t>(l)].reset();
+    inputs.settle();  // the fetched input has arrived
+    inputs.release(l);
     if (mode.weight_grads && opt.on_grads_ready) opt.on_grads_ready({grads_ready::kind::layer, l});
   }
   if (opt.embedding_grad) {
@@ -313,6 +354,8 @@ backward_result compute_gradients(M& model, const token_batch& batch, O& objecti
     if (opt.on_grads_ready) opt.on_grads_ready({grads_ready::kind::embedding, -1});
   }
   result.peak_activation_bytes = scope.peak_above_entry();
+  if (host_scope) result.peak_host_bytes = host_scope->peak_above_entry();
+  result.offload_bytes = inputs.moved_bytes();
   result.peak_bytes = scope.peak_bytes();
   result.seconds = std::chrono::duration<double>(clock::now() - start).count();
   return result;

@@ -11,6 +11,9 @@
 // Layer-input spacing (backward_options::keep_every) is priced the same way: its peak by a dry
 // run, its extra work as the layer forwards it re-runs (L - ceil(L / k) of them); the planner
 // picks the smallest spacing (least recomputation) and then the largest chunk that fit.
+// Offload of the layer inputs to a host tier (backward_options::offload_layer_inputs, device
+// backends) is priced by the same dry run over a two-tier meta backend: device bytes against the
+// budget, host-tier bytes reported beside them, no extra forward work (the copies overlap).
 #pragma once
 
 #include <algorithm>
@@ -18,25 +21,41 @@
 #include <vector>
 
 #include "tightfit/backend/meta.hpp"
+#include "tightfit/backend/offload.hpp"
 #include "tightfit/stream/backward.hpp"
 
 namespace tightfit {
 
-/// Exact peak activation bytes of one compute_gradients call with value type T, objective
-/// `objective` (copied: the dry run does not touch the caller's) and layer type Layer<backend>.
+/// Peak bytes of one compute_gradients call inside backend memory and in the host tier.
+struct predicted_peaks {
+  std::size_t activation_bytes = 0;  ///< backend (device) memory
+  std::size_t host_bytes = 0;        ///< host tier (offload_layer_inputs), else 0
+};
+
+/// Exact peak bytes of one compute_gradients call with value type T, objective `objective`
+/// (copied: the dry run does not touch the caller's) and layer type Layer<backend>.
 template <std::floating_point T, template <class> class Layer = decoder_layer, Objective O>
-std::size_t predict_peak_activation_bytes(const model_config& config, index_t batch,
-                                          index_t seq_len, const backward_options& options,
-                                          const O& objective) {
-  meta_backend<T> be;
-  decoder_model<meta_backend<T>, Layer<meta_backend<T>>> model(be, config);
+predicted_peaks predict_peaks(const model_config& config, index_t batch, index_t seq_len,
+                              const backward_options& options, const O& objective) {
+  using dry = two_tier_backend<meta_backend<T>>;
+  dry be;
+  decoder_model<dry, Layer<dry>> model(be, config);
   const auto rows = static_cast<std::size_t>(batch * seq_len);
   std::vector<token_id> ids(rows, 0), targets(rows, 0);
   O loss = objective;
   backward_options o = options;
   o.on_grads_ready = nullptr;
-  return compute_gradients(model, token_batch{batch, seq_len, ids, targets, {}}, loss, o)
-      .peak_activation_bytes;
+  const backward_result r =
+      compute_gradients(model, token_batch{batch, seq_len, ids, targets, {}}, loss, o);
+  return {r.peak_activation_bytes, r.peak_host_bytes};
+}
+
+/// Exact peak activation bytes (backend memory) of one compute_gradients call.
+template <std::floating_point T, template <class> class Layer = decoder_layer, Objective O>
+std::size_t predict_peak_activation_bytes(const model_config& config, index_t batch,
+                                          index_t seq_len, const backward_options& options,
+                                          const O& objective) {
+  return predict_peaks<T, Layer>(config, batch, seq_len, options, objective).activation_bytes;
 }
 
 struct plan_result {
@@ -52,6 +71,10 @@ struct plan_result {
   /// The largest T with layer-input spacing (the best keep_every for that T, given next to it).
   index_t max_seq_checkpoint_spaced = 0, checkpoint_keep_every = 1;
   index_t max_seq_stream_spaced = 0, stream_keep_every = 1;
+  /// The largest T with the layer inputs offloaded to a host tier (device backends), and the
+  /// host-tier bytes that T needs.
+  index_t max_seq_checkpoint_offload = 0, max_seq_stream_offload = 0;
+  std::size_t checkpoint_offload_host_bytes = 0, stream_offload_host_bytes = 0;
 };
 
 /// Layer inputs stored at once, at most, in the backward with spacing k over L backpropagated
@@ -99,12 +122,16 @@ plan_result plan_memory(const model_config& config, index_t batch, index_t seq_l
   check(seq_len >= 1, "plan_memory: sequence length is ", seq_len, ", expected >= 1");
   plan_result r;
   r.budget_bytes = budget_bytes;
-  auto peak = [&](backward_schedule s, index_t t, index_t chunk, index_t k = 1) {
+  auto peaks = [&](backward_schedule s, index_t t, index_t chunk, index_t k, bool offload) {
     backward_options o;
     o.sched = s;
     o.chunk = chunk;
     o.keep_every = k;
-    return predict_peak_activation_bytes<T, Layer>(config, batch, t, o, objective);
+    o.offload_layer_inputs = offload;
+    return predict_peaks<T, Layer>(config, batch, t, o, objective);
+  };
+  auto peak = [&](backward_schedule s, index_t t, index_t chunk, index_t k = 1) {
+    return peaks(s, t, chunk, k, false).activation_bytes;
   };
   const index_t nl = config.num_hidden_layers;
   // The fastest policy at seq_len: the smallest spacing with a fitting chunk, then its largest
@@ -144,6 +171,18 @@ plan_result plan_memory(const model_config& config, index_t batch, index_t seq_l
     return 0;
   };
   for (auto s : {backward_schedule::checkpoint, backward_schedule::stream}) {
+    const index_t chunk_of = s == backward_schedule::stream ? r.stream_chunk : 0;
+    auto offloaded = [&](index_t n) { return peaks(s, n, chunk_of > 0 ? chunk_of : n, 1, true); };
+    const index_t to = detail::largest_fitting(
+        max_seq, [&](index_t n) { return offloaded(n).activation_bytes <= budget_bytes; });
+    const std::size_t host = to > 0 ? offloaded(to).host_bytes : 0;
+    if (s == backward_schedule::checkpoint) {
+      r.max_seq_checkpoint_offload = to;
+      r.checkpoint_offload_host_bytes = host;
+    } else {
+      r.max_seq_stream_offload = to;
+      r.stream_offload_host_bytes = host;
+    }
     const index_t t =
         detail::largest_fitting(max_seq, [&](index_t n) { return fitting_k(s, n) > 0; });
     const index_t k = t > 0 ? fitting_k(s, t) : 1;
