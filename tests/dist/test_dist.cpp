@@ -5,11 +5,16 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dist_testing.hpp"
@@ -18,7 +23,12 @@
 #include "tightfit/dist/data_parallel.hpp"
 #include "tightfit/dist/mpi_communicator.hpp"
 #include "tightfit/dist/zero1.hpp"
+#if defined(TIGHTFIT_TEST_IO)
+#include "tightfit/io/safetensors.hpp"
+#endif
 #include "tightfit/optim/block_optimizer.hpp"
+#include "tightfit/optim/checkpoint.hpp"
+#include "tightfit/optim/train.hpp"
 
 using namespace tightfit;
 using namespace tightfit::testing;
@@ -307,6 +317,173 @@ TEST_CASE("BAdam and BREAD-SGD data parallel: 5 steps equal one process on the u
     CHECK(moved > 1e-3);
   }
 }
+
+namespace {
+/// A data set of `rows` rows of T tokens whose rows supervise different numbers of tokens (a
+/// mean per piece would differ from the step's).
+token_dataset uneven_rows(index_t rows, index_t t, index_t vocab) {
+  std::vector<token_id> ids, labels;
+  for (index_t r = 0; r < rows; ++r)
+    for (index_t c = 0; c < t; ++c) {
+      ids.push_back(static_cast<token_id>((7 * c + 3 * r + 2) % vocab));
+      labels.push_back(c < 1 + (r * 3) % 5 ? ignore_index : ids.back());
+    }
+  return token_dataset(rows, t, ids, labels);
+}
+
+std::vector<std::vector<double>> weights_of(decoder_model<reference_backend<double>>& m) {
+  std::vector<std::vector<double>> out;
+  for (std::size_t i = 0; i < m.parameters().size(); ++i) {
+    const auto v = m.parameters().value(i);
+    out.emplace_back(v.begin(), v.end());
+  }
+  return out;
+}
+
+double max_losses_rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::abs(a[i] - b[i]) / std::max(1e-300, std::abs(b[i])));
+  return worst;
+}
+}  // namespace
+
+TEST_CASE("train() over the ranks with grad_accum 2 equals one process on the union batch") {
+  // ZeRO-1 AdamW with clipping, BAdam (both with 2 micro-batches per rank), BREAD-SGD (one):
+  // losses and weights after 4 steps equal train() in one process with a batch of all the
+  // step's rows.
+  auto& comm = world();
+  const index_t n = comm.size();
+  const model_config cfg = tiny_config(4, 2, true, false, 2);
+  const token_dataset data = uneven_rows(13, 7, cfg.vocab_size);  // 13: steps wrap around
+  using ref = reference_backend<double>;
+  adamw_update_rule adamw;
+  adamw.lr = 2e-2;
+  adam_update_rule adam;
+  adam.lr = 2e-2;
+  block_options k2;
+  k2.switch_every = 2;
+  k2.seed = 5;
+  sgd_expansion bread;
+  bread.lr = 0.05;
+  for (const std::string& optimizer : std::vector<std::string>{"adamw", "badam", "bread-sgd"}) {
+    CAPTURE(optimizer);
+    const index_t accum = optimizer == "bread-sgd" ? 1 : 2;
+    train_options o;
+    o.steps = 4;
+    o.batch = 1;
+    o.grad_accum = accum;
+    o.backward = opts(backward_schedule::stream);
+    train_options u = o;
+    u.batch = n * accum;
+    u.grad_accum = 1;
+    std::vector<double> norms_one, norms_dist;
+    auto run = [&](auto& comm_or_self, const train_options& options, std::vector<double>& norms) {
+      ref be;
+      decoder_model<ref> m(be, cfg);
+      seed_weights(m);
+      auto record = [&](std::int64_t, const step_result& r) { norms.push_back(r.grad_norm); };
+      std::vector<double> losses;
+      using comm_t = std::remove_cvref_t<decltype(comm_or_self)>;
+      if (optimizer == "adamw") {
+        if constexpr (std::is_same_v<comm_t, mpi_communicator>) {
+          zero1_full_optimizer<ref, adamw_update_rule, mpi_communicator> opt(m, adamw, comm, 0.5);
+          losses =
+              train(comm, m, data, opt, constant_schedule{}, options, sft_loss{}, record).losses;
+        } else {
+          auto opt = make_full_optimizer(m, adamw, 0.5);
+          losses = train(m, data, opt, constant_schedule{}, options, sft_loss{}, record).losses;
+        }
+      } else if (optimizer == "badam") {
+        block_optimizer<ref> opt(m, block_partition::by_layer(m.parameters()), adam, {}, {}, k2);
+        losses = train(comm_or_self, m, data, opt, constant_schedule{}, options, sft_loss{}).losses;
+      } else {
+        block_optimizer<ref, adam_update_rule, random_reshuffle, sgd_expansion> opt(
+            m, block_partition::by_layer(m.parameters()), adam, {}, bread, k2);
+        losses = train(comm_or_self, m, data, opt, constant_schedule{}, options, sft_loss{}).losses;
+      }
+      return std::make_pair(losses, weights_of(m));
+    };
+    self_communicator self;
+    const auto one = run(self, u, norms_one);
+    const auto dist = run(comm, o, norms_dist);
+    CHECK(max_losses_rel_diff(dist.first, one.first) <= 1e-12);
+    CHECK(max_grads_rel_diff(dist.second, one.second) <= 1e-12);
+    if (optimizer == "adamw") {
+      REQUIRE(norms_one.size() == 4);
+      CHECK(norms_one[0] > 0.5);  // the clipping acted
+      CHECK(max_losses_rel_diff(norms_dist, norms_one) <= 1e-12);
+    }
+    ref be;
+    decoder_model<ref> initial(be, cfg);
+    seed_weights(initial);
+    CHECK(max_grads_rel_diff(one.second, weights_of(initial)) > 1e-3);  // trained
+  }
+}
+
+#if defined(TIGHTFIT_TEST_IO)
+TEST_CASE("ZeRO-1 save / resume: 4 steps equal 2, save (one file per rank), resume, 2") {
+  auto& comm = world();
+  const model_config cfg = tiny_config(4, 2, true, false, 2);
+  const token_dataset data = uneven_rows(9, 6, cfg.vocab_size);
+  using ref = reference_backend<double>;
+  using zero1_t = zero1_full_optimizer<ref, adam_update_rule, mpi_communicator>;
+  adam_update_rule adam;
+  adam.lr = 2e-2;
+  train_options o;
+  o.batch = 1;
+  o.grad_accum = 2;
+  o.backward = opts(backward_schedule::stream);
+  const cosine_schedule sched{1, 4};  // the schedule continues across the resume
+  ref be_a;
+  decoder_model<ref> a(be_a, cfg);
+  seed_weights(a);
+  zero1_t opt_a(a, adam, comm);
+  o.steps = 4;
+  const auto whole = train(comm, a, data, opt_a, sched, o, sft_loss{}).losses;
+
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("tightfit_zero1_" + std::to_string(::getpid()) + ".safetensors"))
+                               .string();  // one file per rank: each process has its own pid
+  ref be_b;
+  decoder_model<ref> b(be_b, cfg);
+  seed_weights(b);
+  zero1_t opt_b(b, adam, comm);
+  o.steps = 2;
+  auto losses = train(comm, b, data, opt_b, sched, o, sft_loss{}).losses;
+  {
+    safetensors_writer w;
+    save_checkpoint(w, b, opt_b);
+    w.write(path);
+  }
+  ref be_c;
+  decoder_model<ref> c(be_c, cfg);
+  c.init_random(99, 0.3, 0.2);  // other weights: the checkpoint restores them
+  zero1_t opt_c(c, adam, comm);
+  const auto file = safetensors_file::open(path);
+  load_checkpoint(file, c, opt_c);
+  CHECK(opt_c.steps() == 2);
+  const auto more = train(comm, c, data, opt_c, sched, o, sft_loss{}).losses;
+  losses.insert(losses.end(), more.begin(), more.end());
+  CHECK(max_losses_rel_diff(losses, whole) <= 1e-12);
+  CHECK(max_grads_rel_diff(weights_of(c), weights_of(a)) <= 1e-12);
+  CHECK(file.metadata().at("dist.ranks") == std::to_string(comm.size()));
+
+  // Another number of ranks, another rank's shard: errors naming both.
+  self_communicator self;
+  zero1_full_optimizer<ref, adam_update_rule, self_communicator> alone(c, adam, self);
+  if (comm.size() != 1) {
+    const std::string want =
+        "saved by a run of " + std::to_string(comm.size()) + " ranks, this run has 1";
+    CHECK_THROWS_WITH_AS(alone.load(file), doctest::Contains(want.c_str()), error);
+  }
+  zero1_full_optimizer<ref, adamw_update_rule, mpi_communicator> other_rule(c, {}, comm);
+  CHECK_THROWS_WITH_AS(other_rule.load(file), doctest::Contains("saved update rule is 'adam'"),
+                       error);
+  std::filesystem::remove(path);
+}
+#endif
 
 namespace {
 /// The failure scenarios of expect_failure.sh. Rank 1 misbehaves; the others go on into a

@@ -256,3 +256,62 @@ TEST_CASE("training loop: an objective factory builds each step's objective from
   CHECK(from_factory == direct);
   CHECK(direct != run(sft_loss{}));  // sum and mean differ: the objective given is the one used
 }
+
+TEST_CASE("training loop: grad_accum micro-batches give the update of one union batch (1e-12)") {
+  // Rows of different supervised lengths, so that a mean per micro-batch would differ from the
+  // step's mean.
+  const auto cfg = optim_testing::config(2);
+  const index_t rows = 8, t = 7;
+  std::vector<token_id> ids, labels;
+  for (index_t r = 0; r < rows; ++r)
+    for (index_t c = 0; c < t; ++c) {
+      ids.push_back(static_cast<token_id>((5 * c + 3 * r + 1) % cfg.vocab_size));
+      labels.push_back(c < 1 + (r * 3) % 5 ? ignore_index : ids.back());
+    }
+  const token_dataset data(rows, t, ids, labels);
+  auto run = [&](index_t batch, index_t accum, bool blocks) {
+    ref be;
+    decoder_model<ref> m(be, cfg);
+    m.init_random(11, 0.2, 0.1);
+    train_options o;
+    o.steps = 3;
+    o.batch = batch;
+    o.grad_accum = accum;
+    o.backward = stream_opts();
+    adam_update_rule rule;
+    rule.lr = 0.01;
+    std::vector<double> losses;
+    if (blocks) {
+      block_optimizer<ref> opt(m, block_partition::by_layer(m.parameters()), rule, {}, {}, opts(2));
+      losses = train(m, data, opt, constant_schedule{}, o, sft_loss{}).losses;
+    } else {
+      auto opt = make_full_optimizer(m, rule, 0.5);  // with clipping
+      losses = train(m, data, opt, constant_schedule{}, o, sft_loss{}).losses;
+    }
+    return std::make_pair(losses, values_of(m.parameters()));
+  };
+  for (bool blocks : {false, true}) {
+    CAPTURE(blocks);
+    const auto one = run(4, 1, blocks);
+    for (index_t accum : {2, 4}) {
+      CAPTURE(accum);
+      const auto acc = run(4 / accum, accum, blocks);
+      REQUIRE(acc.first.size() == one.first.size());
+      for (std::size_t s = 0; s < one.first.size(); ++s)
+        CHECK(std::abs(acc.first[s] - one.first[s]) <= 1e-12 * std::abs(one.first[s]));
+      CHECK(optim_testing::max_diff(acc.second, one.second) <= 1e-12);
+    }
+    // Negative control: the steps see other rows with another batch, the weights differ.
+    CHECK(optim_testing::max_diff(run(2, 1, blocks).second, one.second) > 1e-6);
+  }
+  CHECK_THROWS_WITH_AS(
+      [&] {
+        ref be;
+        decoder_model<ref> m(be, cfg);
+        auto opt = make_full_optimizer(m, adam_update_rule{});
+        train_options o;
+        o.grad_accum = 0;
+        train(m, data, opt, constant_schedule{}, o, sft_loss{});
+      }(),
+      doctest::Contains("grad_accum is 0"), error);
+}

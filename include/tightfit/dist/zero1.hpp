@@ -14,17 +14,34 @@
 //   3. all_gather the updated shards (N*s) and unpack them into every parameter.
 // Traffic per step and rank: a reduce-scatter and an all-gather of n values, the same as one
 // all-reduce; memory: the state of s values plus one flat (N*s) staging buffer while stepping.
+// Gradient clipping (max_grad_norm > 0) takes the global norm from the shards' sums of squares
+// (one all-reduce of one double) and scales the shard before the rule, as clip_grad_norm does.
+//
+// save() / load(): each rank writes its own shard (and the step count, the rank, the rank count)
+// through a TensorWriter (optim/checkpoint.hpp): a run of N ranks saves N files, one state file
+// set, and resumes only on N ranks (load names both counts otherwise).
+//
+// zero1_full_optimizer<B, Rule, C> trains every parameter of a decoder model this way with the
+// optimizer interface of block_optimizer (step(batch, objective, backward, gradients), lr factor,
+// steps, state_bytes, save / load), so that train() (optim/train.hpp) drives it.
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "tightfit/core/error.hpp"
 #include "tightfit/core/memory.hpp"
 #include "tightfit/dist/communicator.hpp"
+#include "tightfit/dist/data_parallel.hpp"
+#include "tightfit/nn/model.hpp"
 #include "tightfit/nn/parameters.hpp"
+#include "tightfit/optim/block_optimizer.hpp"
 #include "tightfit/optim/update_rules.hpp"
 
 namespace tightfit {
@@ -60,8 +77,10 @@ class zero1_optimizer {
     }
   }
 
-  /// One step from the gradients each rank holds (summed over the ranks here).
-  void step(double lr_factor = 1.0) {
+  /// One step from the gradients each rank holds (summed over the ranks here). With
+  /// max_grad_norm > 0 the summed gradient is clipped to that global norm first. Returns the
+  /// norm before clipping (-1 when clipping is off).
+  double step(double lr_factor = 1.0, double max_grad_norm = 0) {
     auto& params = *params_;
     const auto ranks = static_cast<std::size_t>(comm_->size());
     const auto s = static_cast<std::size_t>(shard_);
@@ -79,6 +98,16 @@ class zero1_optimizer {
       at += g.size();
     }
     comm_->reduce_scatter_sum(std::span<const T>(flat), mine);
+    double norm = -1;
+    if (max_grad_norm > 0) {
+      double squares = 0;  // the padding is zero
+      for (T v : mine) squares += static_cast<double>(v) * static_cast<double>(v);
+      comm_->all_reduce_sum(std::span<double>(&squares, 1)).wait();
+      norm = std::sqrt(squares);
+      const double factor = max_grad_norm / (norm + 1e-6);  // clip_grad_norm's
+      if (factor < 1)
+        for (T& v : mine) v *= static_cast<T>(factor);
+    }
     ++step_;
     for (auto& seg : segments_) {
       auto p = params.value(seg.id).subspan(static_cast<std::size_t>(seg.offset),
@@ -97,6 +126,75 @@ class zero1_optimizer {
                 flat.begin() + static_cast<std::ptrdiff_t>(at + v.size()), v.begin());
       at += v.size();
     }
+    return norm;
+  }
+
+  /// Writes this rank's shard of the state (see the top comment): metadata optim.format,
+  /// optim.update, dist.ranks, dist.rank; optim.zero1.counters (step, ranks, rank, shard size,
+  /// total size, buffers) and optim.zero1.state.K (shard size values each, zero padded).
+  template <class W>
+  void save(W& w) const {
+    auto& params = *params_;
+    w.set_metadata("optim.format", "tightfit-zero1-1");
+    w.set_metadata("optim.update", Rule::name);
+    w.set_metadata("dist.ranks", std::to_string(comm_->size()));
+    w.set_metadata("dist.rank", std::to_string(comm_->rank()));
+    const std::vector<std::int64_t> counters{step_,  comm_->size(), comm_->rank(),
+                                             shard_, total_,        rule_.buffers()};
+    w.add("optim.zero1.counters", {static_cast<index_t>(counters.size())},
+          std::span<const std::int64_t>(counters));
+    for (index_t k = 0; k < rule_.buffers(); ++k) {
+      std::vector<T> h(static_cast<std::size_t>(shard_), T(0));
+      for (const auto& seg : segments_) {
+        const auto& buf = seg.bufs[static_cast<std::size_t>(k)];
+        params.backend().download(
+            std::span<const T>(buf.span()),
+            std::span<T>(h.data() + seg.shard_offset, static_cast<std::size_t>(seg.length)));
+      }
+      w.add("optim.zero1.state." + std::to_string(k), {shard_}, std::span<const T>(h));
+    }
+  }
+
+  /// Restores this rank's shard written by save() on the same rank of a run with as many ranks
+  /// (an error names the source and what differs).
+  template <class R>
+  void load(const R& r) {
+    auto& params = *params_;
+    const auto& meta = r.metadata();
+    auto get = [&](const std::string& key) -> std::string {
+      auto it = meta.find(key);
+      check(it != meta.end(), r.source(), ": no '", key, "' in the saved state");
+      return it->second;
+    };
+    check(get("optim.format") == "tightfit-zero1-1", r.source(), ": the optimizer state is '",
+          get("optim.format"), "', expected a ZeRO-1 shard (tightfit-zero1-1)");
+    check(get("optim.update") == Rule::name, r.source(), ": saved update rule is '",
+          get("optim.update"), "', this optimizer uses '", Rule::name, "'");
+    const auto c = r.read_ints("optim.zero1.counters");
+    check(c.size() == 6, r.source(), ": optim.zero1.counters has ", c.size(),
+          " entries, expected 6");
+    check(c[1] == comm_->size(), r.source(), ": the optimizer state was saved by a run of ", c[1],
+          " ranks, this run has ", comm_->size(),
+          " (ZeRO-1 shards resume on the same number of ranks)");
+    check(c[2] == comm_->rank(), r.source(), ": holds the shard of rank ", c[2], ", this is rank ",
+          comm_->rank());
+    check(c[3] == shard_ && c[4] == total_ && c[5] == rule_.buffers(), r.source(),
+          ": the saved shard has ", c[3], " of ", c[4], " values x ", c[5],
+          " buffers, this optimizer ", shard_, " of ", total_, " x ", rule_.buffers());
+    check(c[0] >= 0, r.source(), ": the saved step count is ", c[0], ", expected >= 0");
+    std::vector<T> h(static_cast<std::size_t>(shard_));
+    for (index_t k = 0; k < rule_.buffers(); ++k) {
+      const std::string name = "optim.zero1.state." + std::to_string(k);
+      r.template read<T>(name, std::span<T>(h));
+      for (std::size_t e = 0; e < h.size(); ++e)
+        check(std::isfinite(static_cast<double>(h[e])), r.source(), ": tensor '", name, "' holds ",
+              h[e], " at index ", e, " (not finite)");
+      for (auto& seg : segments_)
+        params.backend().upload(
+            std::span<const T>(h.data() + seg.shard_offset, static_cast<std::size_t>(seg.length)),
+            seg.bufs[static_cast<std::size_t>(k)].span());
+    }
+    step_ = c[0];
   }
 
   /// Values per shard (s) and in all (n).
@@ -127,6 +225,94 @@ class zero1_optimizer {
   index_t shard_ = 0, total_ = 0;
   std::vector<segment> segments_;
   std::int64_t step_ = 0;
+};
+
+/// Full-parameter training with ZeRO-1 (see the top comment): every parameter of `model`, one
+/// update rule, its state sharded over `comm`. Step by step it equals full_optimizer<B, Rule> of
+/// one process on the union batch (optim/block_optimizer.hpp), clipping included.
+template <Backend B, UpdateRule Rule, Communicator C>
+class zero1_full_optimizer {
+ public:
+  using T = typename B::value_type;
+  /// What train() (optim/train.hpp) asks of step_gradients: each rank's own sums.
+  static constexpr gradient_sync gradients_sync = gradient_sync::none;
+
+  zero1_full_optimizer(decoder_model<B>& model, Rule rule, C& comm, double max_grad_norm = 0)
+      : model_(&model),
+        ids_(all_ids(model.parameters().size())),
+        zero_(model.parameters(), ids_, std::move(rule), comm),
+        comm_(&comm),
+        max_grad_norm_(max_grad_norm) {
+    check(max_grad_norm >= 0, "zero1_full_optimizer: max_grad_norm is ", max_grad_norm,
+          ", expected >= 0 (0: off)");
+  }
+  zero1_full_optimizer(const zero1_full_optimizer&) = delete;
+  zero1_full_optimizer& operator=(const zero1_full_optimizer&) = delete;
+
+  void set_lr_factor(double f) {
+    check(f >= 0, "zero1_full_optimizer: lr factor is ", f, ", expected >= 0");
+    lr_factor_ = f;
+  }
+  double lr_factor() const { return lr_factor_; }
+  std::int64_t steps() const { return zero_.steps(); }
+  std::size_t state_bytes() const { return zero_.state_bytes(); }
+  zero1_optimizer<B, Rule, C>& sharded() { return zero_; }
+
+  /// One step: `gradients(model, batch, objective, options)` computes every parameter's
+  /// gradient, each rank's own sum (a policy with gradient_sync::none), then the sharded update.
+  template <Objective O, class Gradients>
+  step_result step(const token_batch& batch, O& objective, backward_options base,
+                   Gradients&& gradients) {
+    if constexpr (requires { gradients.sync; })
+      check(gradients.sync == gradient_sync::none,
+            "zero1_full_optimizer: the gradient policy all-reduces the gradients, but the "
+            "optimizer reduce-scatters them itself (use gradient_sync::none)");
+    auto& params = model_->parameters();
+    step_result res;
+    res.switched = zero_.steps() == 0;
+    for (std::size_t id : ids_)
+      if (params.has_grad(id)) params.backend().fill(as_row(params.grad(id)), T(0));
+    base.layer_weight_grads.clear();
+    base.embedding_grad = true;
+    base.head_grad = true;
+    base.lazy_layer_grads = false;
+    res.backward = gradients(*model_, batch, objective, base);
+    res.loss = res.backward.loss;
+    res.grad_norm = zero_.step(lr_factor_, max_grad_norm_);
+    res.block = 0;
+    return res;
+  }
+  /// One step on this rank's `batch`, data parallel over the communicator.
+  template <StepNormalisedObjective O>
+  step_result step(const token_batch& batch, O& objective, backward_options base = {}) {
+    data_parallel<C> policy(*comm_);
+    policy.sync = gradient_sync::none;
+    return step(batch, objective, std::move(base), policy);
+  }
+
+  /// This rank's shard of the state (zero1_optimizer::save); the weights are the caller's
+  /// (save_checkpoint on rank 0).
+  template <class W>
+  void save(W& w) const {
+    zero_.save(w);
+  }
+  template <class R>
+  void load(const R& r) {
+    zero_.load(r);
+  }
+
+ private:
+  static std::vector<std::size_t> all_ids(std::size_t n) {
+    std::vector<std::size_t> ids(n);
+    std::iota(ids.begin(), ids.end(), std::size_t{0});
+    return ids;
+  }
+  decoder_model<B>* model_;
+  std::vector<std::size_t> ids_;
+  zero1_optimizer<B, Rule, C> zero_;
+  C* comm_;
+  double max_grad_norm_ = 0;
+  double lr_factor_ = 1.0;
 };
 
 }  // namespace tightfit

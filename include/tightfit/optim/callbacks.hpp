@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <string>
 
 #include "tightfit/core/error.hpp"
@@ -28,7 +29,8 @@ struct progress_line {
 };
 
 /// One JSON object per step (step, loss, lr_factor, block, tokens, tokens_per_s, seconds,
-/// peak_bytes, state_bytes) to a file, truncated when the log is made.
+/// peak_bytes, state_bytes) to a file, truncated when the log is made; the loss and the lr
+/// factor with 17 significant digits (they round-trip), the rest with 6.
 class json_log {
  public:
   explicit json_log(const std::filesystem::path& path) : path_(path), out_(path, std::ios::trunc) {
@@ -36,11 +38,12 @@ class json_log {
   }
   void on_step(const train_step& s) {
     const step_result& r = *s.result;
-    out_ << "{\"step\":" << s.step + 1 << ",\"loss\":" << r.loss << ",\"lr_factor\":" << s.lr_factor
-         << ",\"block\":" << r.block << ",\"tokens\":" << s.tokens
-         << ",\"tokens_per_s\":" << s.tokens / s.seconds << ",\"seconds\":" << s.seconds
-         << ",\"peak_bytes\":" << r.backward.peak_bytes << ",\"state_bytes\":" << s.state_bytes
-         << "}\n";
+    // The loss and the lr factor with every digit (a run is compared with another to 1e-12).
+    out_ << "{\"step\":" << s.step + 1 << std::setprecision(17) << ",\"loss\":" << r.loss
+         << ",\"lr_factor\":" << s.lr_factor << std::setprecision(6) << ",\"block\":" << r.block
+         << ",\"tokens\":" << s.tokens << ",\"tokens_per_s\":" << s.tokens / s.seconds
+         << ",\"seconds\":" << s.seconds << ",\"peak_bytes\":" << r.backward.peak_bytes
+         << ",\"state_bytes\":" << s.state_bytes << "}\n";
   }
   void on_end(const train_summary&) { out_.flush(); }
 

@@ -69,10 +69,10 @@ void save_checkpoint(W& w, M& model, const Optimizer& optimizer) {
   w.set_metadata("format", "pt");
 }
 
-/// Restores weights and optimizer state written by save_checkpoint (errors name the source and
-/// what differs).
-template <DecoderModel M, class Optimizer, TensorReader<storage_t<typename M::backend_type>> R>
-void load_checkpoint(const R& r, M& model, Optimizer& optimizer) {
+/// Restores the weights written by save_checkpoint (errors name the source and what differs);
+/// the optimizer state is left alone (a ZeRO-1 rank reads its shard from its own file).
+template <DecoderModel M, TensorReader<storage_t<typename M::backend_type>> R>
+void load_checkpoint_weights(const R& r, M& model) {
   using T = storage_t<typename M::backend_type>;
   auto& params = model.parameters();
   for (std::size_t i = 0; i < params.size(); ++i) {
@@ -85,6 +85,13 @@ void load_checkpoint(const R& r, M& model, Optimizer& optimizer) {
     r.template read<T>(params.name(i), std::span<T>(h));
     params.backend().upload(std::span<const T>(h), params.value(i));
   }
+}
+
+/// Restores weights and optimizer state written by save_checkpoint (errors name the source and
+/// what differs).
+template <DecoderModel M, class Optimizer, TensorReader<storage_t<typename M::backend_type>> R>
+void load_checkpoint(const R& r, M& model, Optimizer& optimizer) {
+  load_checkpoint_weights(r, model);
   optimizer.load(r);
 }
 

@@ -4,11 +4,20 @@
 //
 // Data: token_dataset, N rows of T tokens: input_ids (N, T) and labels (N, T) in the Hugging
 // Face convention (unshifted; -100 ignored; labels absent: the inputs themselves), in memory
-// (io/token_file.hpp reads them from a safetensors file). Step s trains on rows [s*B, s*B + B)
-// modulo N. Each step sets the optimizer's learning-rate factor from the schedule, builds the
+// (io/token_file.hpp reads them from a safetensors file).
+//
+// A step takes G = R x A x B rows: B rows per micro-batch (train_options::batch), A micro-batches
+// per step and rank (train_options::grad_accum, gradient accumulation), R ranks of a
+// Communicator (train(comm, ...): data parallelism; R = 1 without one). Step s trains on rows
+// [s*G, s*G + G) modulo N, rank r's micro-batch m on the B rows from s*G + (r*A + m)*B: the
+// union of a step's pieces is the batch of one process run with --batch G. With A > 1 or R > 1
+// the gradients come from step_gradients (dist/data_parallel.hpp), whose normalisers span the
+// whole step, so the update equals the one-process update on the union batch (to rounding).
+//
+// Each step sets the optimizer's learning-rate factor from the schedule, builds each piece's
 // objective (a copy of the Objective given, or objective(batch) when a factory is given), steps,
 // stops at a non-finite loss or gradient norm (nothing further is reported), then calls each
-// callback. A callback may define any of
+// callback. The loss reported is the step's (all pieces, all ranks). A callback may define any of
 //   on_begin(const train_begin&)   on_step(const train_step&)   on_end(const train_summary&)
 // or be callable as f(step, step_result); optim/callbacks.hpp has a progress line and a JSON log.
 // Saving a checkpoint at the end is the caller's (optim/checkpoint.hpp).
@@ -25,6 +34,9 @@
 #include <vector>
 
 #include "tightfit/core/error.hpp"
+#include "tightfit/dist/communicator.hpp"
+#include "tightfit/dist/data_parallel.hpp"
+#include "tightfit/dist/self_communicator.hpp"
 #include "tightfit/loss/objective.hpp"
 #include "tightfit/nn/layer.hpp"
 #include "tightfit/optim/block_optimizer.hpp"
@@ -100,7 +112,8 @@ inline dataset_batch make_batch(const token_dataset& data, index_t first, index_
 /// Options of train().
 struct train_options {
   std::int64_t steps = 100;
-  index_t batch = 1;          ///< rows per step
+  index_t batch = 1;          ///< rows per micro-batch (and rank)
+  index_t grad_accum = 1;     ///< micro-batches per optimizer step (and rank)
   backward_options backward;  ///< schedule, chunk, ... (gradient control: the optimizer's)
 };
 
@@ -117,7 +130,7 @@ struct train_step {
   std::int64_t steps = 0;  ///< steps this run takes
   const step_result* result = nullptr;
   double lr_factor = 1;
-  double tokens = 0;            ///< tokens trained on in this run so far
+  double tokens = 0;            ///< tokens (positions) trained on in this run so far, all ranks
   double seconds = 0;           ///< wall time of this run so far
   std::size_t state_bytes = 0;  ///< optimizer state after the step
 };
@@ -171,22 +184,65 @@ auto make_objective(Source& source, const dataset_batch& batch) {
     return source(batch);
 }
 
+/// What an optimizer wants step_gradients to do with the gradients: its static member
+/// `gradients_sync` (zero1_full_optimizer reduce-scatters them itself), else all-reduce them.
+template <class Optimizer>
+constexpr gradient_sync gradient_sync_of() {
+  if constexpr (requires { Optimizer::gradients_sync; })
+    return Optimizer::gradients_sync;
+  else
+    return gradient_sync::all_reduce;
+}
+
+/// The gradient policy of a step split into pieces (micro-batches of this rank, ranks of comm):
+/// step_gradients over this rank's pieces, each with its own objective. The batch and the
+/// objective the optimizer passes are the first piece's and are not used on their own.
+template <class Obj, class C>
+struct pieces_gradients {
+  std::span<const token_batch> batches;
+  std::vector<Obj>* objectives;
+  C* comm;
+  gradient_sync sync = gradient_sync::all_reduce;
+
+  template <class M, class O>
+  backward_result operator()(M& model, const token_batch&, O&, const backward_options& opt) const {
+    return step_gradients(
+        model, batches, [this](std::size_t i) -> Obj& { return (*objectives)[i]; }, opt, *comm,
+        nullptr, sync);
+  }
+};
+
 }  // namespace detail
 
-/// Trains `model` for options.steps steps on `objective` (an Objective, copied for each step, or
-/// a factory objective(const dataset_batch&) returning one), calling `callbacks` (see the top
-/// comment).
-template <DecoderModel M, class Optimizer, LrSchedule Schedule, class ObjectiveSource,
-          class... Callbacks>
-train_summary train(M& model, const token_dataset& data, Optimizer& optimizer,
+/// Trains `model` for options.steps steps on `objective` (an Objective, copied for each piece of
+/// a step, or a factory objective(const dataset_batch&) returning one), calling `callbacks` (see
+/// the top comment), as rank comm.rank() of comm.size(): every rank must call it alike, with the
+/// same data, model, options and optimizer. The optimizer's step(batch, objective, backward,
+/// gradients) receives a gradient policy over the step's pieces when grad_accum > 1 or the
+/// communicator has more than one rank.
+template <Communicator C, DecoderModel M, class Optimizer, LrSchedule Schedule,
+          class ObjectiveSource, class... Callbacks>
+train_summary train(C& comm, M& model, const token_dataset& data, Optimizer& optimizer,
                     const Schedule& schedule, const train_options& options,
                     ObjectiveSource&& objective, Callbacks&&... callbacks) {
   static_assert((detail::is_train_callback<std::remove_cvref_t<Callbacks>> && ...),
                 "a train() callback needs on_begin, on_step or on_end, or to be callable as "
                 "f(std::int64_t step, const step_result&)");
   using clock = std::chrono::steady_clock;
+  using objective_type = decltype(detail::make_objective(objective, std::declval<dataset_batch>()));
   check(options.steps >= 0, "train: steps is ", options.steps, ", expected >= 0");
   check(options.batch >= 1, "train: batch is ", options.batch, ", expected >= 1");
+  check(options.grad_accum >= 1, "train: grad_accum is ", options.grad_accum, ", expected >= 1");
+  const index_t ranks = comm.size(), rank = comm.rank();
+  constexpr index_t most = std::numeric_limits<index_t>::max();
+  check(options.batch <= most / options.grad_accum / ranks, "train: batch ", options.batch,
+        " x grad_accum ", options.grad_accum, " x ranks ", ranks, " does not fit in 64 bits");
+  const index_t rows_per_step = options.batch * options.grad_accum * ranks;  // G
+  const bool pieces = options.grad_accum > 1 || ranks > 1;
+  if constexpr (!StepNormalisedObjective<objective_type>)
+    check(!pieces,
+          "train: gradient accumulation and data parallelism need an objective whose "
+          "normalisers span the step (StepNormalisedObjective)");
   data.validate(model.config().vocab_size);
   train_summary sum;
   const auto start = clock::now();
@@ -194,23 +250,44 @@ train_summary train(M& model, const token_dataset& data, Optimizer& optimizer,
   const std::int64_t first_step = optimizer.steps();
   check(
       first_step >= 0 &&
-          first_step <= (std::numeric_limits<std::int64_t>::max() / options.batch) - options.steps,
+          first_step <= (std::numeric_limits<std::int64_t>::max() / rows_per_step) - options.steps,
       "train: the run would end at step ", first_step, " + ", options.steps,
-      ", whose first row (step x batch ", options.batch, ") does not fit in 64 bits");
+      ", whose first row (step x ", rows_per_step, " rows) does not fit in 64 bits");
   [[maybe_unused]] const train_begin begin{first_step, options.steps};
   (detail::callback_begin(callbacks, begin), ...);
+  std::vector<dataset_batch> batches;
+  std::vector<token_batch> views;
+  std::vector<objective_type> objectives;
   for (std::int64_t s = 0; s < options.steps; ++s) {
     const std::int64_t global = first_step + s;
-    const auto b = make_batch(data, global * options.batch, options.batch);
-    auto loss = detail::make_objective(objective, b);
     optimizer.set_lr_factor(schedule(global));
-    const step_result r = optimizer.step(b.view(), loss, options.backward);
+    step_result r;
+    if (!pieces) {
+      const auto b = make_batch(data, global * options.batch, options.batch);
+      auto loss = detail::make_objective(objective, b);
+      r = optimizer.step(b.view(), loss, options.backward);
+    } else if constexpr (StepNormalisedObjective<objective_type>) {
+      batches.clear();
+      views.clear();
+      objectives.clear();
+      for (index_t m = 0; m < options.grad_accum; ++m)
+        batches.push_back(make_batch(
+            data, global * rows_per_step + (rank * options.grad_accum + m) * options.batch,
+            options.batch));
+      for (const auto& b : batches) {
+        views.push_back(b.view());
+        objectives.push_back(detail::make_objective(objective, b));
+      }
+      detail::pieces_gradients<objective_type, C> policy{views, &objectives, &comm,
+                                                         detail::gradient_sync_of<Optimizer>()};
+      r = optimizer.step(views.front(), objectives.front(), options.backward, policy);
+    }
     // Non-finite policy: stop before anything non-finite is logged or saved.
     check(std::isfinite(r.loss), "train: step ", global + 1, ": the loss is ", r.loss,
           " (not finite); stopped, nothing saved");
     check(r.grad_norm < 0 || std::isfinite(r.grad_norm), "train: step ", global + 1,
           ": the gradient norm is ", r.grad_norm, " (not finite); stopped, nothing saved");
-    tokens += static_cast<double>(options.batch * data.seq_len());
+    tokens += static_cast<double>(rows_per_step * data.seq_len());
     const double secs = std::chrono::duration<double>(clock::now() - start).count();
     sum.losses.push_back(r.loss);
     sum.peak_bytes = std::max(sum.peak_bytes, r.backward.peak_bytes);
@@ -223,6 +300,18 @@ train_summary train(M& model, const token_dataset& data, Optimizer& optimizer,
   sum.state_bytes = optimizer.state_bytes();
   (detail::callback_end(callbacks, sum), ...);
   return sum;
+}
+
+/// train() in one process (a self_communicator): gradient accumulation when
+/// options.grad_accum > 1.
+template <DecoderModel M, class Optimizer, LrSchedule Schedule, class ObjectiveSource,
+          class... Callbacks>
+train_summary train(M& model, const token_dataset& data, Optimizer& optimizer,
+                    const Schedule& schedule, const train_options& options,
+                    ObjectiveSource&& objective, Callbacks&&... callbacks) {
+  self_communicator self;
+  return train(self, model, data, optimizer, schedule, options,
+               std::forward<ObjectiveSource>(objective), std::forward<Callbacks>(callbacks)...);
 }
 
 }  // namespace tightfit
