@@ -1,16 +1,22 @@
 // tightfit train: SFT training of a decoder model with a full or block coordinate optimizer
-// (Adam, AdamW, SGD, BAdam, BREAD-SGD, BREAD-LoRA) on a tokenized safetensors data set.
+// (Adam, AdamW, SGD, BAdam, BREAD-SGD, BREAD-LoRA) on a tokenized safetensors data set, with
+// gradient accumulation (--grad-accum) and, under mpirun, data parallelism (--parallel data:
+// ZeRO-1 for the full optimizers, the active block only for BAdam / BREAD-SGD).
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <optional>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "args.hpp"
 #include "checks.hpp"
 #include "commands.hpp"
 #include "tightfit/backend/eigen.hpp"
+#include "tightfit/dist/self_communicator.hpp"
+#include "tightfit/dist/zero1.hpp"
 #include "tightfit/io/token_file.hpp"
 #include "tightfit/loss/sft.hpp"
 #include "tightfit/nn/hf_model.hpp"
@@ -19,6 +25,9 @@
 #include "tightfit/optim/checkpoint.hpp"
 #include "tightfit/optim/optim.hpp"
 #include "tightfit/optim/train.hpp"
+#if defined(TIGHTFIT_HAS_MPI)
+#include "tightfit/dist/mpi_communicator.hpp"
+#endif
 
 namespace tightfit::cli {
 
@@ -32,7 +41,13 @@ void train_usage(std::FILE* out) {
       "  --preset NAME        tiny, or a preset of nn/presets.hpp (qwen3-bench, small, ...)\n"
       "  --data FILE          safetensors with input_ids (N, T) and optional labels (N, T)\n"
       "  --steps N            optimizer steps (default 100)\n"
-      "  --batch B            rows per step (default 1)\n"
+      "  --batch B            rows per micro-batch (and rank) (default 1)\n"
+      "  --grad-accum N       micro-batches per optimizer step (default 1): a step trains on\n"
+      "                       ranks x N x B rows, normalised over all of them (exact)\n"
+      "  --parallel data      data parallel over the ranks of mpirun (needs MPI): each rank\n"
+      "                       trains on its rows of every step; adam/adamw/sgd shard their\n"
+      "                       state (ZeRO-1); rank 0 prints and writes the outputs\n"
+      "  --dtype f32|f64      value type of weights, gradients and state (default f32)\n"
       "  --lr X               learning rate of the update rule (default 1e-3; sgd 1e-2)\n"
       "  --schedule S         constant | warmup:W | cosine | cosine:W (default constant)\n"
       "  --total-steps N      the schedule's horizon (default: steps already done + --steps;\n"
@@ -48,8 +63,9 @@ void train_usage(std::FILE* out) {
       "  --rank R             BREAD-LoRA rank (default 8); --loraplus R (lr ratio, default 1)\n"
       "  --seed S             model initialisation (presets) and block order seed (default 1)\n"
       "  --log FILE           JSON lines, one per step\n"
-      "  --save-state FILE    checkpoint (weights + optimizer state) at the end\n"
-      "  --resume FILE        continue from a checkpoint\n"
+      "  --save-state FILE    checkpoint (weights + optimizer state) at the end; with\n"
+      "                       --parallel data and a sharded state, rank r > 0 writes FILE.rankR\n"
+      "  --resume FILE        continue from a checkpoint (saved with as many ranks)\n"
       "  --deterministic      same bits on every run (the two-pass attention backward, 1.4x its\n"
       "                       matmul work): a resumed run then matches the uninterrupted one\n"
       "  --save-model DIR     write the trained weights (model.safetensors + config.json)\n"
@@ -74,9 +90,9 @@ model_config train_preset(const std::string& name) {
 struct args {
   std::string model, preset, data, optimizer, schedule = "constant", order = "random", start_block,
                                               log, save_state, resume, save_model, sched = "stream",
-                                              scope = "partial";
+                                              scope = "partial", parallel, dtype = "f32";
   std::int64_t steps = 100, total_steps = 0;  // 0: steps done + steps
-  index_t batch = 1, chunk = 512, switch_every = 50, rank = 8;
+  index_t batch = 1, grad_accum = 1, chunk = 512, switch_every = 50, rank = 8;
   std::optional<double> lr, bread_lr;
   double clip = 0, loraplus = 1;
   std::uint64_t seed = 1;
@@ -103,6 +119,26 @@ void validate(const args& a) {
   if (a.scope != "partial" && a.scope != "all")
     throw usage_error{"--bread-scope is '" + a.scope + "', expected partial or all"};
   check(a.clip >= 0, "--clip is ", a.clip, ", expected >= 0 (0: off)");
+  if (a.dtype != "f32" && a.dtype != "f64")
+    throw usage_error{"--dtype is '" + a.dtype + "', expected f32 or f64"};
+  if (a.parallel == "sequence")
+    throw usage_error{"--parallel sequence is not in the tool yet (--parallel data is)"};
+  if (!a.parallel.empty() && a.parallel != "data")
+    throw usage_error{"--parallel is '" + a.parallel + "', expected data"};
+#if !defined(TIGHTFIT_HAS_MPI)
+  if (!a.parallel.empty())
+    throw usage_error{
+        "--parallel data needs MPI, and this tightfit was built without it "
+        "(install OpenMPI, e.g. scripts/deps --mpi, and rebuild)"};
+#endif
+  if (!a.parallel.empty() && a.optimizer == "bread-lora")
+    throw usage_error{
+        "--parallel data trains adam, adamw, sgd, badam and bread-sgd; not "
+        "bread-lora yet"};
+  if (a.grad_accum > 1 && a.optimizer.rfind("bread-", 0) == 0)
+    throw usage_error{a.optimizer +
+                      " updates inactive layers inside the backward, on one micro-batch's "
+                      "gradient: it needs --grad-accum 1"};
   // These throw tightfit::error naming the value.
   (void)parse_backward_schedule(a.sched);
   (void)runtime_schedule::parse(a.schedule, 1);
@@ -123,12 +159,53 @@ void check_paths(const args& a) {
     paths.output_dir("--save-model", a.save_model, {"model.safetensors", "config.json"});
 }
 
+/// Whether mpirun started this process as a rank other than 0 (OpenMPI, MPICH / PMI): arguments
+/// are checked before MPI starts, and only the first rank reports them.
+bool launched_rank_above_0() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
+    if (const char* v = std::getenv(name)) return std::string(v) != "0";
+  return false;
+}
+
+/// The file of rank r's share of a sharded (ZeRO-1) state: FILE itself for rank 0 (with the
+/// weights), FILE.rankR for the others.
+std::string shard_path(const std::string& path, int rank) {
+  return rank == 0 ? path : path + ".rank" + std::to_string(rank);
+}
+
+/// A checkpoint resumes on as many ranks as saved it (dist.ranks; absent: one process).
+template <class R>
+void check_saved_ranks(const R& file, int ranks) {
+  const auto& meta = file.metadata();
+  const auto it = meta.find("dist.ranks");
+  const std::string saved = it == meta.end() ? "1" : it->second;
+  check(saved == std::to_string(ranks), "the state was saved by a run of ", saved,
+        saved == "1" ? " rank" : " ranks", ", this run has ", ranks,
+        " (resume on the same number of ranks)");
+}
+
 template <class Opt>
-int run_training(decoder_model<eigen_backend<float>>& model, const token_dataset& data, Opt& opt,
-                 const args& a) {
+constexpr bool sharded_state = requires(Opt& o) {
+  o.sharded();
+};
+
+template <class T, class Opt, class Comm>
+int run_training(decoder_model<eigen_backend<T>>& model, const token_dataset& data, Opt& opt,
+                 const args& a, Comm& comm) {
+  const bool root = comm.rank() == 0;
   if (!a.resume.empty()) {
     try {
-      load_checkpoint(safetensors_file::open(a.resume), model, opt);
+      const auto file = safetensors_file::open(a.resume);
+      check_saved_ranks(file, comm.size());
+      if constexpr (sharded_state<Opt>) {
+        load_checkpoint_weights(file, model);
+        if (root)
+          opt.load(file);
+        else
+          opt.load(safetensors_file::open(shard_path(a.resume, comm.rank())));
+      } else {
+        load_checkpoint(file, model, opt);
+      }
     } catch (const error& e) {
       const std::string what = e.what();
       if (what.rfind(a.resume, 0) == 0) throw;
@@ -139,6 +216,7 @@ int run_training(decoder_model<eigen_backend<float>>& model, const token_dataset
   train_options o;
   o.steps = a.steps;
   o.batch = a.batch;
+  o.grad_accum = a.grad_accum;
   o.backward.sched = parse_backward_schedule(a.sched);
   o.backward.chunk = a.chunk;
   // Non-finite policy: train() stops at a non-finite loss; a non-finite gradient or update stops
@@ -149,14 +227,14 @@ int run_training(decoder_model<eigen_backend<float>>& model, const token_dataset
     check_finite_weights(model.parameters(), when + " (after the update)");
   };
   std::optional<json_log> log;
-  if (!a.log.empty()) log.emplace(a.log);
-  struct log_if_open {  // the JSON log when --log is given
+  if (!a.log.empty() && root) log.emplace(a.log);
+  struct log_if_open {  // the JSON log when --log is given (rank 0)
     std::optional<json_log>& log;
     void on_step(const train_step& s) {
       if (log) log->on_step(s);
     }
   };
-  struct progress_if_shown {  // the progress line unless --quiet
+  struct progress_if_shown {  // the progress line unless --quiet (rank 0)
     bool shown;
     void on_step(const train_step& s) const {
       if (shown) progress_line{}.on_step(s);
@@ -170,13 +248,20 @@ int run_training(decoder_model<eigen_backend<float>>& model, const token_dataset
         ", but this run ends at step ", horizon);
   const auto sched =
       runtime_schedule::parse(a.schedule, a.total_steps > 0 ? a.total_steps : horizon);
-  const auto s = train(model, data, opt, sched, o, sft_loss{}, log_if_open{log},
-                       progress_if_shown{!a.quiet}, finite);
+  const auto s = train(comm, model, data, opt, sched, o, sft_loss{}, log_if_open{log},
+                       progress_if_shown{!a.quiet && root}, finite);
   if (!a.save_state.empty()) {
     safetensors_writer w;
-    save_checkpoint(w, model, opt);
-    w.write(a.save_state);
+    if (root) {
+      save_checkpoint(w, model, opt);
+      if (!a.parallel.empty()) w.set_metadata("dist.ranks", std::to_string(comm.size()));
+      w.write(a.save_state);
+    } else if constexpr (sharded_state<Opt>) {
+      opt.save(w);
+      w.write(shard_path(a.save_state, comm.rank()));
+    }
   }
+  if (!root) return 0;
   const double first = s.losses.empty() ? 0 : s.losses.front();
   const double last = s.losses.empty() ? 0 : s.losses.back();
   std::printf(
@@ -192,7 +277,37 @@ int run_training(decoder_model<eigen_backend<float>>& model, const token_dataset
   return 0;
 }
 
-int run(const args& a);
+template <class T, class Comm>
+int run(const args& a, Comm& comm);
+
+/// --parallel data: MPI initialised here, every rank runs run(); a rank that fails reports and
+/// ends the whole job (MPI_Abort), since the others may be waiting in a collective.
+int run_parallel(const args& a) {
+#if defined(TIGHTFIT_HAS_MPI)
+  mpi_environment env;
+  mpi_communicator comm;
+  int code = 1;
+  std::string message;
+  try {
+    return a.dtype == "f64" ? run<double>(a, comm) : run<float>(a, comm);
+  } catch (const usage_error& e) {
+    code = 2;
+    message = e.message;
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  if (comm.rank() == 0)
+    std::fprintf(stderr, "tightfit train: %s\n", message.c_str());
+  else
+    std::fprintf(stderr, "tightfit train: rank %d of %d: %s\n", comm.rank(), comm.size(),
+                 message.c_str());
+  std::fflush(stderr);
+  if (comm.size() > 1) comm.abort(code);
+  return code;
+#else
+  fail("--parallel data needs MPI, and this tightfit was built without it");
+#endif
+}
 
 }  // namespace
 
@@ -234,6 +349,12 @@ int train(int argc, char** argv) {
         a.save_model = value();
       } else if (f == "--bread-scope") {
         a.scope = value();
+      } else if (f == "--parallel") {
+        a.parallel = value();
+      } else if (f == "--dtype") {
+        a.dtype = value();
+      } else if (f == "--grad-accum") {
+        a.grad_accum = parse_integer(f, value(), 1, big);
       } else if (f == "--steps") {
         a.steps = parse_integer(f, value(), 0, big);
       } else if (f == "--total-steps") {
@@ -273,17 +394,23 @@ int train(int argc, char** argv) {
     validate(a);
     check_paths(a);
   } catch (const usage_error& e) {
-    std::fprintf(stderr, "tightfit train: %s\n", e.message.c_str());
-    train_usage(stderr);
+    if (!launched_rank_above_0()) {
+      std::fprintf(stderr, "tightfit train: %s\n", e.message.c_str());
+      train_usage(stderr);
+    }
     return 2;
   } catch (const error& e) {
-    std::fprintf(stderr, "tightfit train: %s\n", e.what());
-    train_usage(stderr);
+    if (!launched_rank_above_0()) {
+      std::fprintf(stderr, "tightfit train: %s\n", e.what());
+      train_usage(stderr);
+    }
     return 2;
   }
 
   try {
-    return run(a);
+    if (!a.parallel.empty()) return run_parallel(a);
+    self_communicator self;
+    return a.dtype == "f64" ? run<double>(a, self) : run<float>(a, self);
   } catch (const usage_error& e) {  // sizes refused once the model is known
     std::fprintf(stderr, "tightfit train: %s\n", e.message.c_str());
     return 2;
@@ -292,16 +419,18 @@ int train(int argc, char** argv) {
 
 namespace {
 
-int run(const args& a) {
-  using backend = eigen_backend<float>;
+template <class T, class Comm>
+int run(const args& a, Comm& comm) {
+  using backend = eigen_backend<T>;
+  constexpr bool parallel = !std::is_same_v<Comm, self_communicator>;
   eigen_backend_options bopts;
   if (a.deterministic) bopts.attention_backward = attention_backward_strategy::two_pass;
   backend be(bopts);
   const model_config cfg = a.model.empty() ? train_preset(a.preset) : load_hf_config(a.model);
   // Sizes before allocation: config.json against the checkpoint; weights, gradients and two
-  // moments (Adam) against memory; the batch's activations against memory.
+  // moments (Adam) against memory; a micro-batch's activations against memory.
   const std::filesystem::path model_path = a.model;
-  check_model_fits(cfg, sizeof(float), 4, a.model.empty() ? nullptr : &model_path);
+  check_model_fits(cfg, sizeof(T), 4, a.model.empty() ? nullptr : &model_path);
   auto table = read_token_table(a.data);
   const token_dataset data(table.rows, table.seq_len, std::move(table.input_ids),
                            std::move(table.labels));
@@ -309,8 +438,8 @@ int run(const args& a) {
     backward_options bo;
     bo.sched = parse_backward_schedule(a.sched);
     bo.chunk = a.chunk;
-    check_activations_fit<float>("--batch " + std::to_string(a.batch), true, cfg, a.batch,
-                                 data.seq_len(), bo);
+    check_activations_fit<T>("--batch " + std::to_string(a.batch), true, cfg, a.batch,
+                             data.seq_len(), bo);
   }
   decoder_model<backend> model(be, cfg);
   if (a.model.empty()) {
@@ -332,25 +461,30 @@ int run(const args& a) {
   if (a.lr) adam.lr = *a.lr;
   const auto scope = a.scope == "all" ? expansion_scope::all : expansion_scope::partial;
 
-  if (a.optimizer == "adam") {
-    auto opt = make_full_optimizer(model, adam, a.clip);
-    return run_training(model, data, opt, a);
-  }
+  // The full optimizers: over the ranks, ZeRO-1 (each rank keeps 1/N of the state).
+  auto full = [&](auto rule) {
+    if constexpr (parallel) {
+      zero1_full_optimizer<backend, decltype(rule), Comm> opt(model, rule, comm, a.clip);
+      return run_training<T>(model, data, opt, a, comm);
+    } else {
+      auto opt = make_full_optimizer(model, rule, a.clip);
+      return run_training<T>(model, data, opt, a, comm);
+    }
+  };
+  if (a.optimizer == "adam") return full(adam);
   if (a.optimizer == "adamw") {
     adamw_update_rule w;
     if (a.lr) w.lr = *a.lr;
-    auto opt = make_full_optimizer(model, w, a.clip);
-    return run_training(model, data, opt, a);
+    return full(w);
   }
   if (a.optimizer == "sgd") {
     sgd_update_rule s;
     if (a.lr) s.lr = *a.lr;
-    auto opt = make_full_optimizer(model, s, a.clip);
-    return run_training(model, data, opt, a);
+    return full(s);
   }
   if (a.optimizer == "badam") {
     block_optimizer<backend, adam_update_rule, runtime_order> opt(model, part, adam, order, {}, bo);
-    return run_training(model, data, opt, a);
+    return run_training<T>(model, data, opt, a, comm);
   }
   if (a.optimizer == "bread-sgd") {
     sgd_expansion e;
@@ -359,19 +493,21 @@ int run(const args& a) {
     e.scope = scope;
     block_optimizer<backend, adam_update_rule, runtime_order, sgd_expansion> opt(model, part, adam,
                                                                                  order, e, bo);
-    return run_training(model, data, opt, a);
+    return run_training<T>(model, data, opt, a, comm);
   }
-  if (a.optimizer == "bread-lora") {
-    lora_expansion e;
-    if (a.bread_lr) e.lr = *a.bread_lr;
-    e.rank = a.rank;
-    e.loraplus_ratio = a.loraplus;
-    e.scope = scope;
-    block_optimizer<backend, adam_update_rule, runtime_order, lora_expansion> opt(model, part, adam,
-                                                                                  order, e, bo);
-    return run_training(model, data, opt, a);
+  if constexpr (!parallel) {
+    if (a.optimizer == "bread-lora") {
+      lora_expansion e;
+      if (a.bread_lr) e.lr = *a.bread_lr;
+      e.rank = a.rank;
+      e.loraplus_ratio = a.loraplus;
+      e.scope = scope;
+      block_optimizer<backend, adam_update_rule, runtime_order, lora_expansion> opt(
+          model, part, adam, order, e, bo);
+      return run_training<T>(model, data, opt, a, comm);
+    }
   }
-  fail("unknown optimizer '", a.optimizer, "'");  // not reached: validate() checked it
+  fail("optimizer '", a.optimizer, "' is not available here");  // validate() refused it
 }
 
 }  // namespace

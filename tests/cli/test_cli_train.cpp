@@ -4,6 +4,7 @@
 // wrong arguments exit 2 with the usage, bad files exit 1 with one line naming the problem.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -213,17 +214,89 @@ TEST_CASE("train: --deterministic and --total-steps resume long rows on a cosine
   CHECK(r.err.find("--total-steps is 4, but this run ends at step 8") != std::string::npos);
 }
 
+TEST_CASE("train: --grad-accum N equals one batch of the union (f64, 1e-12)") {
+  // B rows x N micro-batches per step against N x B rows in one batch: the same rows per step,
+  // one normaliser for the whole step (rows supervise different numbers of tokens, so a mean per
+  // micro-batch would differ).
+  train_fixture f;
+  const index_t n = 8, t = 12;
+  std::vector<std::int64_t> ids, labels;
+  for (index_t r = 0; r < n; ++r)
+    for (index_t k = 0; k < t; ++k) {
+      ids.push_back((3 * r + k) % 8);
+      labels.push_back(k < 1 + (3 * r) % 7 ? ignore_index : ids.back());
+    }
+  safetensors_writer w;
+  w.add("input_ids", {n, t}, std::span<const std::int64_t>(ids));
+  w.add("labels", {n, t}, std::span<const std::int64_t>(labels));
+  const auto data = f.dir / "uneven.safetensors";
+  w.write(data);
+  // Largest |a - b| of a tensor over its largest |b|.
+  auto max_rel = [](const std::vector<std::vector<double>>& a,
+                    const std::vector<std::vector<double>>& b) {
+    double worst = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      double diff = 0, scale = 1e-300;
+      for (std::size_t k = 0; k < a[i].size(); ++k) {
+        diff = std::max(diff, std::abs(a[i][k] - b[i][k]));
+        scale = std::max(scale, std::abs(b[i][k]));
+      }
+      worst = std::max(worst, diff / scale);
+    }
+    return worst;
+  };
+  for (const std::string opt : {"adam", "badam"}) {
+    CAPTURE(opt);
+    const std::string common =
+        "train --model " + q(f.model) + " --data " + q(data) + " --optimizer " + opt +
+        " --dtype f64 --lr 0.02 --switch-every 2 --chunk 4 --steps 3 --quiet";
+    std::vector<std::vector<double>> losses;
+    std::vector<std::vector<std::vector<double>>> weights;
+    for (const std::string split :
+         {"--batch 4", "--batch 2 --grad-accum 2", "--batch 1 --grad-accum 4", "--batch 2"}) {
+      CAPTURE(split);
+      const auto log = f.dir / (opt + std::to_string(losses.size()) + ".jsonl");
+      const auto out = f.dir / (opt + std::to_string(losses.size()));
+      const auto r = run(common + " " + split + " --log " + q(log) + " --save-model " + q(out));
+      REQUIRE(r.code == 0);
+      losses.push_back(logged_losses(log, 1));
+      weights.push_back(f.weights(out));
+    }
+    for (std::size_t k : {std::size_t{1}, std::size_t{2}}) {
+      CAPTURE(k);
+      REQUIRE(losses[k].size() == 3);
+      for (std::size_t s = 0; s < 3; ++s)
+        CHECK(std::abs(losses[k][s] - losses[0][s]) <= 1e-12 * std::abs(losses[0][s]));
+      CHECK(max_rel(weights[k], weights[0]) <= 1e-12);
+    }
+    CHECK(max_rel(weights[3], weights[0]) > 1e-6);  // other rows per step: another result
+  }
+}
+
 TEST_CASE("train: wrong arguments exit 2 with the usage, before any file is read") {
   const std::string base = "train --model /nonexistent/model --data /nonexistent/data ";
   for (const std::string& args :
-       {std::string("train"), std::string("train --model m"), base + "--optimizer nesterov",
-        base + "--optimizer adam --steps -1", base + "--optimizer adam --steps",
-        base + "--optimizer adam --lr fast", base + "--optimizer adam --bogus 1",
+       {std::string("train"),
+        std::string("train --model m"),
+        base + "--optimizer nesterov",
+        base + "--optimizer adam --steps -1",
+        base + "--optimizer adam --steps",
+        base + "--optimizer adam --lr fast",
+        base + "--optimizer adam --bogus 1",
         base + "--optimizer bread-sgd --bread-scope sideways",
-        base + "--optimizer badam --order sideways", base + "--optimizer badam --order fixed",
-        base + "--optimizer adam --schedule cosine:x", base + "--optimizer adam --schedule step",
-        base + "--optimizer adam --sched fast", base + "--optimizer adam --clip -1",
+        base + "--optimizer badam --order sideways",
+        base + "--optimizer badam --order fixed",
+        base + "--optimizer adam --schedule cosine:x",
+        base + "--optimizer adam --schedule step",
+        base + "--optimizer adam --sched fast",
+        base + "--optimizer adam --clip -1",
         base + "--optimizer adam --total-steps 0",
+        base + "--optimizer adam --grad-accum 0",
+        base + "--optimizer adam --dtype f16",
+        base + "--optimizer adam --parallel sequence",
+        base + "--optimizer adam --parallel model",
+        base + "--optimizer bread-lora --parallel data",
+        base + "--optimizer bread-sgd --grad-accum 2",
         std::string("train --model m --preset tiny --data d --optimizer adam")}) {
     CAPTURE(args);
     const auto r = run(args);

@@ -1,0 +1,171 @@
+// `mpirun -np 2 tightfit train --parallel data` end to end (run by ctest as dist_cli): in double
+// precision the losses and the trained weights equal the single-process run on the union batch
+// (every step's rows of both ranks) to 1e-12 for ZeRO-1 AdamW with gradient accumulation, BAdam
+// and BREAD-SGD; rank 0 alone prints and writes; a sharded state saved by 2 ranks resumes on 2
+// (4 steps = 2, save, resume 2) and is refused on 3 with a message naming both counts.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli/cli_testing.hpp"
+#include "stream/stream_testing.hpp"
+#include "tightfit/io/safetensors.hpp"
+#include "tightfit/nn/hf_model.hpp"
+
+using namespace tightfit;
+namespace fs = std::filesystem;
+using cli_testing::lines;
+using cli_testing::q;
+
+namespace {
+
+using ref = reference_backend<double>;
+
+/// `mpirun -np N tightfit ARGS` (loopback TCP, oversubscribed), stdout and stderr captured.
+cli_testing::outcome mpirun(int ranks, const std::string& args) {
+  return cli_testing::run_with(
+      std::string(TIGHTFIT_MPIRUN) + " -np " + std::to_string(ranks) + " env ", args);
+}
+
+struct fixture {
+  fs::path dir = cli_testing::scratch("dist");
+  fs::path model = dir / "model", data = dir / "data.safetensors";
+  model_config cfg = testing::tiny_config(4, 2, true, false, 3);
+  fixture() {
+    fs::create_directories(model);
+    ref be;
+    decoder_model<ref> m(be, cfg);
+    m.init_random(5, 0.1);
+    save_hf_config(cfg, model);
+    save_hf_weights(model, m.parameters());
+    // 9 rows of 10 tokens (steps wrap around); row r ignores its first 1 + 3r mod 5 labels, so
+    // that the ranks' pieces supervise different numbers of tokens.
+    const index_t n = 9, t = 10;
+    std::vector<std::int64_t> ids, labels;
+    for (index_t r = 0; r < n; ++r)
+      for (index_t k = 0; k < t; ++k) {
+        ids.push_back((3 * r + k) % 8);
+        labels.push_back(k < 1 + (3 * r) % 5 ? ignore_index : ids.back());
+      }
+    safetensors_writer w;
+    w.add("input_ids", {n, t}, std::span<const std::int64_t>(ids));
+    w.add("labels", {n, t}, std::span<const std::int64_t>(labels));
+    w.write(data);
+  }
+  std::vector<std::vector<double>> weights(const fs::path& d) const {
+    ref be;
+    decoder_model<ref> m(be, load_hf_config(d));
+    load_hf_weights(d, m.parameters());
+    std::vector<std::vector<double>> out;
+    for (std::size_t i = 0; i < m.parameters().size(); ++i) {
+      const auto v = m.parameters().value(i);
+      out.emplace_back(v.begin(), v.end());
+    }
+    return out;
+  }
+  std::string common(const std::string& optimizer) const {
+    return "train --model " + q(model) + " --data " + q(data) + " --optimizer " + optimizer +
+           " --dtype f64 --lr 0.02 --switch-every 2 --bread-lr 0.05 --chunk 4 --quiet";
+  }
+};
+
+std::vector<double> logged_losses(const fs::path& log) {
+  std::ifstream in(log);
+  std::vector<double> losses;
+  std::string line;
+  while (std::getline(in, line))
+    losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  return losses;
+}
+
+/// Largest |a - b| of a tensor over the tensor's largest |b|, over every tensor.
+double max_rel(const std::vector<std::vector<double>>& a,
+               const std::vector<std::vector<double>>& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    REQUIRE(a[i].size() == b[i].size());
+    double diff = 0, scale = 1e-300;
+    for (std::size_t k = 0; k < a[i].size(); ++k) {
+      diff = std::max(diff, std::abs(a[i][k] - b[i][k]));
+      scale = std::max(scale, std::abs(b[i][k]));
+    }
+    worst = std::max(worst, diff / scale);
+  }
+  return worst;
+}
+
+double max_rel(const std::vector<double>& a, const std::vector<double>& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::abs(a[i] - b[i]) / std::abs(b[i]));
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("mpirun -np 2 train --parallel data equals one process on the union batch (f64)") {
+  fixture f;
+  struct run_case {
+    const char* optimizer;
+    int accum;
+    const char* extra;
+  };
+  for (const run_case& c : {run_case{"adamw", 2, "--clip 0.5"}, run_case{"badam", 2, ""},
+                            run_case{"bread-sgd", 1, "--bread-scope all"}}) {
+    const std::string name = c.optimizer;
+    CAPTURE(name);
+    const auto log1 = f.dir / (name + "-1.jsonl"), log2 = f.dir / (name + "-2.jsonl");
+    const auto out1 = f.dir / (name + "-1"), out2 = f.dir / (name + "-2");
+    const std::string base = f.common(name) + " " + c.extra + " --steps 4";
+    const auto one = cli_testing::run(base + " --batch " + std::to_string(2 * c.accum) + " --log " +
+                                      q(log1) + " --save-model " + q(out1));
+    REQUIRE(one.code == 0);
+    const auto two =
+        mpirun(2, base + " --parallel data --batch 1 --grad-accum " + std::to_string(c.accum) +
+                      " --log " + q(log2) + " --save-model " + q(out2));
+    INFO(two.err);
+    REQUIRE(two.code == 0);
+    CHECK(lines(two.out) == 1);  // rank 0's summary only
+    CHECK(two.out.find("optimizer " + name) != std::string::npos);
+    const auto l1 = logged_losses(log1), l2 = logged_losses(log2);
+    REQUIRE(l1.size() == 4);
+    CHECK(max_rel(l2, l1) <= 1e-12);
+    CHECK(max_rel(f.weights(out2), f.weights(out1)) <= 1e-12);
+    CHECK(max_rel(f.weights(out1), f.weights(f.model)) > 1e-4);  // it trained
+  }
+}
+
+TEST_CASE("mpirun -np 2: a ZeRO-1 state saved by 2 ranks resumes on 2, and not on 3") {
+  fixture f;
+  const std::string base = f.common("adam") + " --parallel data --batch 1 --grad-accum 2";
+  const auto whole = f.dir / "whole", resumed = f.dir / "resumed";
+  const auto state = f.dir / "state.safetensors";
+  REQUIRE(mpirun(2, base + " --steps 4 --save-model " + q(whole)).code == 0);
+  const auto first = mpirun(2, base + " --steps 2 --save-state " + q(state));
+  INFO(first.err);
+  REQUIRE(first.code == 0);
+  CHECK(fs::exists(state));
+  CHECK(fs::exists(state.string() + ".rank1"));  // rank 1's shard
+  CHECK(safetensors_file::open(state).metadata().at("dist.ranks") == "2");
+  const auto second =
+      mpirun(2, base + " --steps 2 --resume " + q(state) + " --save-model " + q(resumed));
+  INFO(second.err);
+  REQUIRE(second.code == 0);
+  CHECK(max_rel(f.weights(resumed), f.weights(whole)) <= 1e-12);
+
+  const auto three = mpirun(3, base + " --steps 1 --resume " + q(state));
+  CHECK(three.code != 0);
+  CHECK(three.err.find("saved by a run of 2 ranks, this run has 3") != std::string::npos);
+  const auto alone =
+      cli_testing::run(f.common("adam") + " --batch 2 --steps 1 --resume " + q(state));
+  CHECK(alone.code == 1);
+  CHECK(alone.err.find("saved by a run of 2 ranks, this run has 1") != std::string::npos);
+}
