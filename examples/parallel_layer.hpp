@@ -38,11 +38,15 @@ class parallel_layer {
   }
   parallel_layer(tightfit::parameter_set<B>& p, const tightfit::model_config& c, index_t l)
       : p_(&p), c_(c) {
+    // this sketch implements plain RoPE, full causal attention and a bias-free MLP only
+    tightfit::check(c.rope_scaling.rope_type == "default" && c.sliding_window == 0 && !c.mlp_bias,
+                    "parallel_layer: rope scaling, sliding windows and mlp_bias are not supported");
     for (const auto& row : parameter_table(c))
       id_.push_back(p.at(tightfit::hf_names::layer_prefix(l) + row.name));
   }
 
   void forward(B& be, const seq_t& s, cview x, mview y, index_t chunk, bool /*keep*/) {
+    tightfit::check(s.position_ids.empty(), "parallel_layer: packed sequences are not supported");
     begin(be, s, x, chunk, false);
     for (index_t c0 = 0; c0 < s.seq_len; c0 += chunk) {
       const index_t c1 = std::min(s.seq_len, c0 + chunk);
@@ -81,9 +85,9 @@ class parallel_layer {
       be.attention_backward(
           shape(), a.q.view(n, qw()).row_range(r0, r1), keys(rows, k0, k1), vals(rows, k0, k1),
           a.o.view(n, qw()).row_range(r0, r1), dout.view(n, qw()).row_range(r0, r1),
-          a.lse.view(n, c_.num_attention_heads).row_range(r0, r1), c0, s.length(b), scale(),
-          dq.view(n, qw()).row_range(r0, r1), dk_.view(rows, kvw()).row_range(k0, k1),
-          dv_.view(rows, kvw()).row_range(k0, k1));
+          a.lse.view(n, c_.num_attention_heads).row_range(r0, r1),
+          tightfit::attention_mask{c0, s.length(b)}, scale(), dq.view(n, qw()).row_range(r0, r1),
+          dk_.view(rows, kvw()).row_range(k0, k1), dv_.view(rows, kvw()).row_range(k0, k1));
     }
     rope(be, s, dq.view(n, qw()), c_.num_attention_heads, c0, c1, true);
     auto dkc = alloc(be, n, kvw()), dvc = alloc(be, n, kvw());  // complete now
@@ -148,8 +152,8 @@ class parallel_layer {
     const index_t c = c1 - c0;
     for (index_t b = 0; b < s.batch; ++b) {
       auto r = m.row_range(b * c, (b + 1) * c);
-      back ? be.rope_backward(r, heads, c_.head_dim, c0, c_.rope_theta)
-           : be.rope_forward(r, heads, c_.head_dim, c0, c_.rope_theta);
+      back ? be.rope_backward(r, heads, c_.head_dim, tightfit::rope_args{c0, {}, {}, c_.rope_theta})
+           : be.rope_forward(r, heads, c_.head_dim, tightfit::rope_args{c0, {}, {}, c_.rope_theta});
     }
   }
   /// K/V cache of every row; in backward also all of it up front, and the dK/dV accumulators.
@@ -190,8 +194,9 @@ class parallel_layer {
     for (index_t b = 0; b < s.batch; ++b)
       be.attention_forward(shape(), a.q.view(n, qw()).row_range(b * c, (b + 1) * c),
                            keys(s.rows(), b * s.seq_len, b * s.seq_len + c1),
-                           vals(s.rows(), b * s.seq_len, b * s.seq_len + c1), c0, s.length(b),
-                           scale(), a.o.view(n, qw()).row_range(b * c, (b + 1) * c),
+                           vals(s.rows(), b * s.seq_len, b * s.seq_len + c1),
+                           tightfit::attention_mask{c0, s.length(b)}, scale(),
+                           a.o.view(n, qw()).row_range(b * c, (b + 1) * c),
                            a.lse.view(n, hn).row_range(b * c, (b + 1) * c));
     be.gemm(no, yes, A(1), a.h.view(n, d), w(wg_, f(), d), A(0), a.gate.view(n, f()));
     be.gemm(no, yes, A(1), a.h.view(n, d), w(wu, f(), d), A(0), a.up.view(n, f()));

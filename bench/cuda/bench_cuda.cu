@@ -120,14 +120,14 @@ void attention_rate(report& r, const options& o, double gemm_tflops) {
   const float scale = 1.f / std::sqrt(128.f);
   be.stats().reset();
   const double fwd = time_gpu(be, 3, [&] {
-    be.attention_forward(shape, q.view(t, qc), k.view(t, kc), v.view(t, kc), 0, t, scale,
+    be.attention_forward(shape, q.view(t, qc), k.view(t, kc), v.view(t, kc), {0, t}, scale,
                          out.view(t, qc), lse.view(t, 32));
   });
   const double fwd_flops = be.stats().attention_flops / 4;  // warm-up + 3 calls
   be.stats().reset();
   const double bwd = time_gpu(be, 3, [&] {
     be.attention_backward(shape, q.view(t, qc), k.view(t, kc), v.view(t, kc), out.view(t, qc),
-                          dout.view(t, qc), lse.view(t, 32), 0, t, scale, dq.view(t, qc),
+                          dout.view(t, qc), lse.view(t, 32), {0, t}, scale, dq.view(t, qc),
                           dk.view(t, kc), dv.view(t, kc));
   });
   const double bwd_flops = be.stats().attention_flops / 4;

@@ -119,12 +119,12 @@ void bm_attention(benchmark::State& state, attention_pass pass) {
   const matrix_view<const T> qv(q.data(), t, qw), kv(k.data(), t, kw), vv(v.data(), t, kw),
       dov(d_o.data(), t, qw);
   auto forward = [&] {
-    be.attention_forward(shape, qv, kv, vv, 0, t, scale, matrix_view<T>(o.data(), t, qw),
+    be.attention_forward(shape, qv, kv, vv, {0, t}, scale, matrix_view<T>(o.data(), t, qw),
                          matrix_view<T>(lse.data(), t, shape.heads));
   };
   auto backward = [&] {
     be.attention_backward(shape, qv, kv, vv, matrix_view<const T>(o.data(), t, qw), dov,
-                          matrix_view<const T>(lse.data(), t, shape.heads), 0, t, scale,
+                          matrix_view<const T>(lse.data(), t, shape.heads), {0, t}, scale,
                           matrix_view<T>(dq.data(), t, qw), matrix_view<T>(dk.data(), t, kw),
                           matrix_view<T>(dv.data(), t, kw));
   };

@@ -36,14 +36,16 @@ constexpr const char* grad_usage =
     "                     [--label-smoothing S] [--max-completion-length L]\n"
     "  The batch is a safetensors file in the Hugging Face convention (labels unshifted,\n"
     "  -100 ignored, right padding):\n"
-    "    sft:  input_ids (B,T), labels (B,T), optional attention_mask (B,T) or lengths (B)\n"
+    "    sft:  input_ids (B,T), labels (B,T), optional attention_mask (B,T) or lengths (B),\n"
+    "          optional position_ids (B,T): packed documents, positions restarting at 0 at\n"
+    "          each (Hugging Face padding-free layout; a document attends only to itself)\n"
     "    grpo: the same plus advantages (B), optional old_logprobs and ref_logprobs (B,T)\n"
     "          aligned with labels (entry t is the log-prob of labels[t])\n"
     "    dpo:  chosen_input_ids, chosen_labels, rejected_input_ids, rejected_labels (P,T),\n"
     "          optional chosen_attention_mask, rejected_attention_mask (P,T), and\n"
     "          ref_chosen_logps, ref_rejected_logps (P)\n"
     "  attention_mask holds 0 / 1 only; a label outside the mask is never supervised,\n"
-    "  whatever its value.\n"
+    "  whatever its value. Any other tensor in the batch file is an error naming it.\n"
     "  Loss types: grpo|bnpo|dr_grpo (grpo), sigmoid|ipo|hinge (dpo). --chunk auto picks the\n"
     "  largest power-of-two chunk whose StreamBP peak fits --budget (default 4G), keeping only\n"
     "  every k-th layer input (the smallest k that fits) when all inputs do not fit.\n"
@@ -102,6 +104,46 @@ std::vector<index_t> read_lengths(const safetensors_file& f, const std::string& 
   return lengths;
 }
 
+/// Every tensor of the batch file must be one the objective reads: an unknown key (a typo, or
+/// a feature tightfit would silently ignore) is an error naming it.
+void check_batch_keys(const safetensors_file& f, const std::string& objective) {
+  std::vector<std::string> known;
+  if (objective == "dpo")
+    known = {"chosen_input_ids", "chosen_labels",         "rejected_input_ids",
+             "rejected_labels",  "chosen_attention_mask", "rejected_attention_mask",
+             "ref_chosen_logps", "ref_rejected_logps"};
+  else
+    known = {"input_ids", "labels", "attention_mask", "lengths", "position_ids"};
+  if (objective == "grpo")
+    for (const char* k : {"advantages", "old_logprobs", "ref_logprobs"}) known.push_back(k);
+  for (const auto& t : f.tensors()) {
+    if (std::find(known.begin(), known.end(), t.name) != known.end()) continue;
+    std::string list;
+    for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+    fail(f.source(), ": tensor '", t.name, "' is not used by --objective ", objective,
+         " (expected: ", list, ")");
+  }
+}
+
+/// Packed positions (B, T) from position_ids, or empty when the batch has none.
+std::vector<index_t> read_positions(const safetensors_file& f, const std::string& objective,
+                                    index_t b, index_t t) {
+  if (!f.contains("position_ids")) return {};
+  check(objective == "sft", f.source(), ": position_ids (packed sequences) work with --objective ",
+        "sft only (the per-completion statistics of ", objective, " are per row)");
+  const auto m = read_int_matrix(f, "position_ids");
+  check(m.rows == b && m.cols == t, f.source(), ": position_ids is (", m.rows, ", ", m.cols,
+        "), expected (", b, ", ", t, ") like input_ids");
+  std::vector<index_t> pos(m.data.begin(), m.data.end());
+  // sequence_batch::validate names the first bad entry (row, position, value)
+  try {
+    sequence_batch{b, t, {}, pos}.validate();
+  } catch (const error& e) {
+    fail(f.source(), ": ", e.what());
+  }
+  return pos;
+}
+
 /// Labels at positions outside the valid length of their row (attention_mask 0) set to
 /// ignore_index: padding is never supervised, whatever label the file gives it.
 void ignore_padding_labels(std::vector<token_id>& labels, const std::vector<index_t>& lengths,
@@ -136,10 +178,12 @@ int run_grad(const arguments& a) {
 
   const auto batch_file = safetensors_file::open(a.get("--batch"));
   const std::string objective = a.get("--objective", "sft");
+  check_batch_keys(batch_file, objective);
   index_t b = 0, t = 0;
   std::vector<token_id> ids, labels;
   std::vector<index_t> lengths;
   std::vector<index_t> chosen, rejected;
+  std::vector<index_t> positions;
   if (objective == "dpo") {
     const auto ci = read_int_matrix(batch_file, "chosen_input_ids");
     const auto cl = read_int_matrix(batch_file, "chosen_labels");
@@ -185,9 +229,10 @@ int run_grad(const arguments& a) {
               lengths[r], ", expected a length in [1, ", t, "]");
       ignore_padding_labels(labels, lengths, t);
     }
+    positions = read_positions(batch_file, objective, b, t);
   }
   const std::vector<token_id> targets = shift_labels(labels, b, t);
-  const token_batch batch{b, t, ids, targets, lengths};
+  const token_batch batch{b, t, ids, targets, lengths, positions};
 
   backward_options opt;
   opt.sched = parse_backward_schedule(a.get("--schedule", "stream"));

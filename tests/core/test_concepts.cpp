@@ -80,8 +80,8 @@ struct missing_dv_backend : reference_backend<double> {
   void attention_backward(const attention_shape&, matrix_view<const double>,
                           matrix_view<const double>, matrix_view<const double>,
                           matrix_view<const double>, matrix_view<const double>,
-                          matrix_view<const double>, index_t, index_t, double, matrix_view<double>,
-                          matrix_view<double>) {}
+                          matrix_view<const double>, const attention_mask&, double,
+                          matrix_view<double>, matrix_view<double>) {}
 };
 
 // A backend over an integer type.

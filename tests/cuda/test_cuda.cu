@@ -113,12 +113,27 @@ TEST_SUITE("cuda_host") {
          [&] { cb.rmsnorm_forward(sm(3, 4), ss(5), 1e-6f, sm(3, 4), ss(3)); });
     same([&] { rb.rmsnorm_backward(fm(3, 4), fs(4), fs(3), fm(3, 4), fm(3, 4), fs(3)); },
          [&] { cb.rmsnorm_backward(sm(3, 4), ss(4), ss(3), sm(3, 4), sm(3, 4), ss(3)); });
-    same([&] { rb.rope_forward(fm(3, 10), 2, 6, 0, 1e4); },
-         [&] { cb.rope_forward(sm(3, 10), 2, 6, 0, 1e4); });
-    same([&] { rb.rope_backward(fm(3, 12), 4, 3, 0, 1e4); },
-         [&] { cb.rope_backward(sm(3, 12), 4, 3, 0, 1e4); });
-    same([&] { rb.rope_forward(fm(3, 12), 2, 6, -1, 1e4); },
-         [&] { cb.rope_forward(sm(3, 12), 2, 6, -1, 1e4); });
+    same(
+        [&] {
+          rb.rope_forward(fm(3, 10), 2, 6, {0, {}, {}, 1e4});
+        },
+        [&] {
+          cb.rope_forward(sm(3, 10), 2, 6, {0, {}, {}, 1e4});
+        });
+    same(
+        [&] {
+          rb.rope_backward(fm(3, 12), 4, 3, {0, {}, {}, 1e4});
+        },
+        [&] {
+          cb.rope_backward(sm(3, 12), 4, 3, {0, {}, {}, 1e4});
+        });
+    same(
+        [&] {
+          rb.rope_forward(fm(3, 12), 2, 6, {-1, {}, {}, 1e4});
+        },
+        [&] {
+          cb.rope_forward(sm(3, 12), 2, 6, {-1, {}, {}, 1e4});
+        });
     same([&] { rb.swiglu_forward(fm(3, 4), fm(3, 4), fm(4, 3)); },
          [&] { cb.swiglu_forward(sm(3, 4), sm(3, 4), sm(4, 3)); });
     same([&] { rb.swiglu_backward(fm(3, 4), fm(3, 4), fm(3, 4), fm(3, 4), fm(3, 5)); },
@@ -127,35 +142,39 @@ TEST_SUITE("cuda_host") {
     const attention_shape bad_gqa{4, 3, 8};
     same(
         [&] {
-          rb.attention_forward(bad_gqa, fm(5, 32), fm(7, 24), fm(7, 24), 2, 7, 0.3f, fm(5, 32),
+          rb.attention_forward(bad_gqa, fm(5, 32), fm(7, 24), fm(7, 24), {2, 7}, 0.3f, fm(5, 32),
                                fm(5, 4));
         },
         [&] {
-          cb.attention_forward(bad_gqa, sm(5, 32), sm(7, 24), sm(7, 24), 2, 7, 0.3f, sm(5, 32),
+          cb.attention_forward(bad_gqa, sm(5, 32), sm(7, 24), sm(7, 24), {2, 7}, 0.3f, sm(5, 32),
                                sm(5, 4));
         });
     same(
         [&] {
-          rb.attention_forward(a, fm(5, 32), fm(7, 16), fm(6, 16), 2, 7, 0.3f, fm(5, 32), fm(5, 4));
+          rb.attention_forward(a, fm(5, 32), fm(7, 16), fm(6, 16), {2, 7}, 0.3f, fm(5, 32),
+                               fm(5, 4));
         },
         [&] {
-          cb.attention_forward(a, sm(5, 32), sm(7, 16), sm(6, 16), 2, 7, 0.3f, sm(5, 32), sm(5, 4));
+          cb.attention_forward(a, sm(5, 32), sm(7, 16), sm(6, 16), {2, 7}, 0.3f, sm(5, 32),
+                               sm(5, 4));
         });
     same(
         [&] {
-          rb.attention_forward(a, fm(5, 32), fm(7, 16), fm(7, 16), 2, 0, 0.3f, fm(5, 32), fm(5, 4));
+          rb.attention_forward(a, fm(5, 32), fm(7, 16), fm(7, 16), {2, 0}, 0.3f, fm(5, 32),
+                               fm(5, 4));
         },
         [&] {
-          cb.attention_forward(a, sm(5, 32), sm(7, 16), sm(7, 16), 2, 0, 0.3f, sm(5, 32), sm(5, 4));
+          cb.attention_forward(a, sm(5, 32), sm(7, 16), sm(7, 16), {2, 0}, 0.3f, sm(5, 32),
+                               sm(5, 4));
         });
     same(
         [&] {
           rb.attention_backward(a, fm(5, 32), fm(7, 16), fm(7, 16), fm(5, 32), fm(5, 32), fm(5, 4),
-                                2, 7, 0.3f, fm(5, 32), fm(7, 16), fm(6, 16));
+                                {2, 7}, 0.3f, fm(5, 32), fm(7, 16), fm(6, 16));
         },
         [&] {
           cb.attention_backward(a, sm(5, 32), sm(7, 16), sm(7, 16), sm(5, 32), sm(5, 32), sm(5, 4),
-                                2, 7, 0.3f, sm(5, 32), sm(7, 16), sm(6, 16));
+                                {2, 7}, 0.3f, sm(5, 32), sm(7, 16), sm(6, 16));
         });
     const std::vector<token_id> labels{1, ignore_index, 99};
     same([&] { rb.xent_forward(fm(3, 20), labels, 1.f, fs(3), fs(3)); },
@@ -356,11 +375,11 @@ TEST_SUITE("gpu") {
     const index_t heads = 3, hd = 16;
     auto r = rnd<S>(n * heads * hd, 6);
     dev<S> drp(cb, r);
-    rb.rope_forward(hm(r, n, heads * hd), heads, hd, 1000, 1e6);
-    cb.rope_forward(drp.m(n, heads * hd), heads, hd, 1000, 1e6);
+    rb.rope_forward(hm(r, n, heads * hd), heads, hd, {1000, {}, {}, 1e6});
+    cb.rope_forward(drp.m(n, heads * hd), heads, hd, {1000, {}, {}, 1e6});
     CHECK(rel_err(drp.get(), r) < tol<S>());
-    rb.rope_backward(hm(r, n, heads * hd), heads, hd, 1000, 1e6);
-    cb.rope_backward(drp.m(n, heads * hd), heads, hd, 1000, 1e6);
+    rb.rope_backward(hm(r, n, heads * hd), heads, hd, {1000, {}, {}, 1e6});
+    cb.rope_backward(drp.m(n, heads * hd), heads, hd, {1000, {}, {}, 1e6});
     CHECK(rel_err(drp.get(), r) < tol<S>());
 
     auto gate = rnd<S>(n * d, 7, -4, 4), up = rnd<S>(n * d, 8), out = zeros(n * d);
@@ -399,20 +418,21 @@ TEST_SUITE("gpu") {
              v = rnd<S>(c.nk * kc, 3);
         auto o = zeros(c.nq * qc), lse = zeros(c.nq * hs);
         dev<S> dq_(cb, q), dk_(cb, k), dv_(cb, v), do_(cb, o), dl_(cb, lse);
-        rb.attention_forward(c.shape, hm(q, c.nq, qc), hm(k, c.nk, kc), hm(v, c.nk, kc), c.q0,
-                             c.valid, scale, hm(o, c.nq, qc), hm(lse, c.nq, hs));
-        cb.attention_forward(c.shape, dq_.m(c.nq, qc), dk_.m(c.nk, kc), dv_.m(c.nk, kc), c.q0,
-                             c.valid, sf, do_.m(c.nq, qc), dl_.m(c.nq, hs));
+        rb.attention_forward(c.shape, hm(q, c.nq, qc), hm(k, c.nk, kc), hm(v, c.nk, kc),
+                             {c.q0, c.valid}, scale, hm(o, c.nq, qc), hm(lse, c.nq, hs));
+        cb.attention_forward(c.shape, dq_.m(c.nq, qc), dk_.m(c.nk, kc), dv_.m(c.nk, kc),
+                             {c.q0, c.valid}, sf, do_.m(c.nq, qc), dl_.m(c.nq, hs));
         CHECK(rel_err(do_.get(), o) < tol<S>());
         CHECK(rel_err(dl_.get(), lse) < tol<S>());
         auto dout = rnd<S>(c.nq * qc, 4), gq = rnd<S>(c.nq * qc, 5), gk = rnd<S>(c.nk * kc, 6),
              gv = rnd<S>(c.nk * kc, 7);
         dev<S> ddout(cb, dout), dgq(cb, gq), dgk(cb, gk), dgv(cb, gv);
         rb.attention_backward(c.shape, hm(q, c.nq, qc), hm(k, c.nk, kc), hm(v, c.nk, kc),
-                              hm(o, c.nq, qc), hm(dout, c.nq, qc), hm(lse, c.nq, hs), c.q0, c.valid,
-                              scale, hm(gq, c.nq, qc), hm(gk, c.nk, kc), hm(gv, c.nk, kc));
+                              hm(o, c.nq, qc), hm(dout, c.nq, qc), hm(lse, c.nq, hs),
+                              {c.q0, c.valid}, scale, hm(gq, c.nq, qc), hm(gk, c.nk, kc),
+                              hm(gv, c.nk, kc));
         cb.attention_backward(c.shape, dq_.m(c.nq, qc), dk_.m(c.nk, kc), dv_.m(c.nk, kc),
-                              do_.m(c.nq, qc), ddout.m(c.nq, qc), dl_.m(c.nq, hs), c.q0, c.valid,
+                              do_.m(c.nq, qc), ddout.m(c.nq, qc), dl_.m(c.nq, hs), {c.q0, c.valid},
                               sf, dgq.m(c.nq, qc), dgk.m(c.nk, kc), dgv.m(c.nk, kc));
         const auto got_q = dgq.get(), got_k = dgk.get(), got_v = dgv.get();
         CHECK(rel_err(got_q, gq) < tol<S>());
@@ -423,8 +443,9 @@ TEST_SUITE("gpu") {
           dev<S> gq2(cb, rnd<S>(c.nq * qc, 5)), gk2(cb, rnd<S>(c.nk * kc, 6)),
               gv2(cb, rnd<S>(c.nk * kc, 7));
           cb.attention_backward(c.shape, dq_.m(c.nq, qc), dk_.m(c.nk, kc), dv_.m(c.nk, kc),
-                                do_.m(c.nq, qc), ddout.m(c.nq, qc), dl_.m(c.nq, hs), c.q0, c.valid,
-                                sf, gq2.m(c.nq, qc), gk2.m(c.nk, kc), gv2.m(c.nk, kc));
+                                do_.m(c.nq, qc), ddout.m(c.nq, qc), dl_.m(c.nq, hs),
+                                {c.q0, c.valid}, sf, gq2.m(c.nq, qc), gk2.m(c.nk, kc),
+                                gv2.m(c.nk, kc));
           CHECK(gq2.get() == got_q);
           CHECK(gk2.get() == got_k);
           CHECK(gv2.get() == got_v);

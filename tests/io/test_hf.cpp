@@ -250,6 +250,58 @@ TEST_CASE("config.json defaults and model_type without architectures") {
   CHECK(load_hf_config(dir.path()).rope_theta == 5e5);
 }
 
+TEST_CASE("config.json: rope scaling, sliding windows and mlp_bias") {
+  scratch_dir dir;
+  json llama31 = json::parse(tinyllama);
+  llama31["max_position_embeddings"] = 131072;
+  llama31["rope_scaling"] = {{"factor", 8.0},
+                             {"low_freq_factor", 1.0},
+                             {"high_freq_factor", 4.0},
+                             {"original_max_position_embeddings", 8192},
+                             {"rope_type", "llama3"}};
+  llama31["mlp_bias"] = true;
+  CHECK(config_error(dir, llama31) == "<no error>");
+  const model_config l = load_hf_config(dir.path());
+  CHECK(l.rope_scaling.rope_type == "llama3");
+  CHECK(l.rope_scaling.factor == 8.0);
+  CHECK(l.rope_scaling.original_max_position_embeddings == 8192);
+  CHECK(l.max_position_embeddings == 131072);
+  CHECK(l.mlp_bias);
+  CHECK(l.layer_window(0) == 0);
+  json mistral = json::parse(tinyllama);
+  mistral["architectures"] = json::array({"MistralForCausalLM"});
+  mistral["model_type"] = "mistral";
+  mistral["sliding_window"] = 4096;
+  mistral["rope_scaling"] = {{"type", "yarn"}, {"factor", 2.0}, {"beta_fast", 16}};
+  CHECK(config_error(dir, mistral) == "<no error>");
+  const model_config m = load_hf_config(dir.path());
+  CHECK(m.sliding_window == 4096);
+  CHECK(m.layer_window(0) == 4096);
+  CHECK(m.rope_scaling.rope_type == "yarn");
+  CHECK(m.rope_scaling.beta_fast == 16);
+  json q2 = json::parse(qwen25);  // 24 layers, sliding_window 32768
+  q2["use_sliding_window"] = true;
+  q2["max_window_layers"] = 20;
+  CHECK(config_error(dir, q2) == "<no error>");
+  const model_config q = load_hf_config(dir.path());
+  CHECK(q.layer_window(19) == 0);
+  CHECK(q.layer_window(20) == 32768);
+  q2["use_sliding_window"] = false;  // the window is off whatever max_window_layers says
+  CHECK(config_error(dir, q2) == "<no error>");
+  CHECK(load_hf_config(dir.path()).layer_window(23) == 0);
+  json q3 = json::parse(qwen3);
+  q3["use_sliding_window"] = true;
+  q3["sliding_window"] = 64;
+  std::vector<std::string> types(static_cast<std::size_t>(q3["num_hidden_layers"].get<int>()),
+                                 "full_attention");
+  types[1] = "sliding_attention";
+  q3["layer_types"] = types;
+  CHECK(config_error(dir, q3) == "<no error>");
+  const model_config q3c = load_hf_config(dir.path());
+  CHECK(q3c.layer_window(0) == 0);
+  CHECK(q3c.layer_window(1) == 64);
+}
+
 TEST_CASE("config.json: unsupported options and malformed input are refused by name") {
   scratch_dir dir;
   const json llama = json::parse(tinyllama), q2 = json::parse(qwen25), q3 = json::parse(qwen3);
@@ -261,27 +313,39 @@ TEST_CASE("config.json: unsupported options and malformed input are refused by n
     return j;
   };
   const json erase = json(json::value_t::discarded);
+  json chunked = json::array();  // Qwen3 here has 28 layers
+  for (int l = 0; l < 28; ++l) chunked.push_back(l == 3 ? "chunked_attention" : "full_attention");
   struct refusal {
     json config;
     std::string message;
   };
   const std::vector<refusal> cases = {
-      {patched(llama, "architectures", json::array({"MistralForCausalLM"})),
-       "architecture \"MistralForCausalLM\" is not supported"},
+      {patched(llama, "architectures", json::array({"GemmaForCausalLM"})),
+       "architecture \"GemmaForCausalLM\" is not supported"},
       {patched(patched(llama, "architectures", erase), "model_type", "gemma"),
        "model_type \"gemma\" is not supported"},
       {patched(patched(llama, "architectures", erase), "model_type", erase),
        "neither \"architectures\" nor \"model_type\""},
       {patched(llama, "model_type", "qwen3"), "model_type \"qwen3\" does not match"},
       {patched(llama, "rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}),
-       "rope_scaling of type \"llama3\" is not supported"},
-      {patched(llama, "rope_scaling", {{"type", "linear"}, {"factor", 2.0}}),
-       "rope_scaling of type \"linear\""},
-      {patched(q2, "use_sliding_window", true), "use_sliding_window: true"},
-      {patched(q3, "layer_types", json::array({"full_attention", "sliding_attention"})),
-       "only \"full_attention\" layers"},
+       "rope_scaling of type \"llama3\" needs \"low_freq_factor\""},
+      {patched(llama, "rope_scaling", {{"type", "longrope"}, {"factor", 2.0}}),
+       "rope_scaling of type \"longrope\" is not supported"},
+      {patched(llama, "rope_scaling", {{"type", "linear"}, {"factor", 2.0}, {"beta_fast", 3}}),
+       "rope_scaling key \"beta_fast\" is not supported for rope_type \"linear\""},
+      {patched(llama, "rope_scaling", {{"type", "linear"}}),
+       "rope_scaling of type \"linear\" needs \"factor\""},
+      {patched(
+           patched(llama, "max_position_embeddings", 4096), "rope_scaling",
+           {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 2048}}),
+       "yarn factor 4 is not max_position_embeddings 4096 / original_max_position_embeddings 2048"},
+      {patched(llama, "partial_rotary_factor", 0.5), "partial_rotary_factor 0.5 is not supported"},
+      {patched(patched(q2, "use_sliding_window", true), "sliding_window", erase),
+       "use_sliding_window is true but sliding_window"},
+      {patched(q3, "layer_types", chunked), "layer_types holds \"chunked_attention\""},
+      {patched(q3, "layer_types", json::array({"full_attention"})), "expected a list of"},
       {patched(llama, "attention_bias", 1), "field \"attention_bias\" is 1"},
-      {patched(llama, "mlp_bias", true), "mlp_bias: true is not supported"},
+      {patched(llama, "mlp_bias", 1), "field \"mlp_bias\" is 1"},
       {patched(llama, "hidden_act", "gelu"), "hidden_act \"gelu\" is not supported"},
       {patched(llama, "hidden_size", erase), "missing field \"hidden_size\""},
       {patched(llama, "vocab_size", "32000"), "field \"vocab_size\" is \"32000\""},

@@ -242,15 +242,15 @@ TEST_CASE_TEMPLATE("eigen rope forward and backward (pos0, strided, heads)", T, 
     auto x_ref = padded<T>::random(n, heads * hd, 30, 3);
     auto x_eig = x_ref;
     const auto x0 = x_ref;
-    ref.rope_forward(x_ref.view(), heads, hd, pos0, 10000.0);
-    eig.rope_forward(x_eig.view(), heads, hd, pos0, 10000.0);
+    ref.rope_forward(x_ref.view(), heads, hd, {pos0, {}, {}, 10000.0});
+    eig.rope_forward(x_eig.view(), heads, hd, {pos0, {}, {}, 10000.0});
     check_matches(x_eig, x_ref, "rope_forward");
-    ref.rope_backward(x_ref.view(), heads, hd, pos0 + 3, 1e6);
-    eig.rope_backward(x_eig.view(), heads, hd, pos0 + 3, 1e6);
+    ref.rope_backward(x_ref.view(), heads, hd, {pos0 + 3, {}, {}, 1e6});
+    eig.rope_backward(x_eig.view(), heads, hd, {pos0 + 3, {}, {}, 1e6});
     check_matches(x_eig, x_ref, "rope_backward");
     // backward undoes forward at the same positions
-    eig.rope_backward(x_eig.view(), heads, hd, pos0, 10000.0);
-    eig.rope_forward(x_eig.view(), heads, hd, pos0 + 3, 1e6);
+    eig.rope_backward(x_eig.view(), heads, hd, {pos0, {}, {}, 10000.0});
+    eig.rope_forward(x_eig.view(), heads, hd, {pos0 + 3, {}, {}, 1e6});
     check_matches(x_eig, x0, "rope backward o forward", 10);
   }
 }
@@ -373,7 +373,11 @@ TEST_CASE("eigen kernels reject bad input with messages naming the shapes") {
   std::vector<double> w(3), rstd(3);
   check_error([&] { be.rmsnorm_forward(x.cview(), w, 1e-6, x.view(), rstd); },
               {"rmsnorm_forward", "w", "3", "4"});
-  check_error([&] { be.rope_forward(x.view(), 2, 3, 0, 1e4); }, {"rope_forward", "head_dim", "3"});
+  check_error(
+      [&] {
+        be.rope_forward(x.view(), 2, 3, {0, {}, {}, 1e4});
+      },
+      {"rope_forward", "head_dim", "3"});
   check_error([&] { be.swiglu_forward(x.cview(), y.cview(), x.view()); },
               {"swiglu_forward", "(4 x 3)", "(3 x 4)"});
   std::vector<token_id> labels = {1, ignore_index, 4};

@@ -68,14 +68,14 @@ T scale_of(index_t hd) {
 
 template <class Backend, class T>
 void run_forward(Backend& be, attention_data<T>& d, const attention_case& c) {
-  be.attention_forward(d.shape, d.q(), d.k(), d.v(), c.q0, c.valid_len, scale_of<T>(c.hd),
+  be.attention_forward(d.shape, d.q(), d.k(), d.v(), {c.q0, c.valid_len}, scale_of<T>(c.hd),
                        d.o.view(), d.lse.view());
 }
 
 template <class Backend, class T>
 void run_backward(Backend& be, attention_data<T>& d, const attention_case& c) {
   be.attention_backward(d.shape, d.q(), d.k(), d.v(), d.o.cview(), d.d_o.cview(), d.lse.cview(),
-                        c.q0, c.valid_len, scale_of<T>(c.hd), d.dq(), d.dk(), d.dv());
+                        {c.q0, c.valid_len}, scale_of<T>(c.hd), d.dq(), d.dk(), d.dv());
 }
 
 const attention_case kCases[] = {
@@ -331,34 +331,34 @@ TEST_CASE("eigen attention rejects inconsistent shapes") {
   padded<double> bad_o(5, 31), bad_lse(5, 3), bad_k(9, 17);
   check_error(
       [&] {
-        be.attention_forward({4, 3, 8}, d.q(), d.k(), d.v(), 0, 9, 0.5, d.o.view(), d.lse.view());
+        be.attention_forward({4, 3, 8}, d.q(), d.k(), d.v(), {0, 9}, 0.5, d.o.view(), d.lse.view());
       },
       {"attention_forward", "kv_heads 3"});
   check_error(
       [&] {
-        be.attention_forward(d.shape, d.q(), d.k(), d.v(), 0, 9, 0.5, bad_o.view(), d.lse.view());
+        be.attention_forward(d.shape, d.q(), d.k(), d.v(), {0, 9}, 0.5, bad_o.view(), d.lse.view());
       },
       {"attention_forward", "O", "(5 x 31)", "(5 x 32)"});
   check_error(
       [&] {
-        be.attention_forward(d.shape, d.q(), d.k(), d.v(), 0, 9, 0.5, d.o.view(), bad_lse.view());
+        be.attention_forward(d.shape, d.q(), d.k(), d.v(), {0, 9}, 0.5, d.o.view(), bad_lse.view());
       },
       {"attention_forward", "lse", "(5 x 3)", "(5 x 4)"});
   check_error(
       [&] {
-        be.attention_forward(d.shape, d.q(), bad_k.cview(), d.v(), 0, 9, 0.5, d.o.view(),
+        be.attention_forward(d.shape, d.q(), bad_k.cview(), d.v(), {0, 9}, 0.5, d.o.view(),
                              d.lse.view());
       },
       {"attention_forward", "K.cols", "17", "16"});
   check_error(
       [&] {
-        be.attention_forward(d.shape, d.q(), d.k(), d.v(), 0, 0, 0.5, d.o.view(), d.lse.view());
+        be.attention_forward(d.shape, d.q(), d.k(), d.v(), {0, 0}, 0.5, d.o.view(), d.lse.view());
       },
       {"attention_forward", "valid_len", "0"});
   check_error(
       [&] {
         be.attention_backward(d.shape, d.q(), d.k(), d.v(), d.o.cview(), d.d_o.cview(),
-                              d.lse.cview(), 0, 9, 0.5, d.dq(), bad_k.view(), d.dv());
+                              d.lse.cview(), {0, 9}, 0.5, d.dq(), bad_k.view(), d.dv());
       },
       {"attention_backward", "dK", "(9 x 17)", "(9 x 16)"});
 }

@@ -261,7 +261,7 @@ TEST_CASE("rope forward matches the complex rotation and is relative in position
   const double theta = 10000.0;
   const dmat x = dmat::random(n, heads * hd, 25);
   dmat y = x;
-  be.rope_forward(y.view(), heads, hd, pos0, theta);
+  be.rope_forward(y.view(), heads, hd, {pos0, {}, {}, theta});
   const index_t half = hd / 2;
   for (index_t i = 0; i < n; ++i)
     for (index_t h = 0; h < heads; ++h)
@@ -280,8 +280,8 @@ TEST_CASE("rope forward matches the complex rotation and is relative in position
   dmat q = dmat::random(1, hd, 26), k = dmat::random(1, hd, 27);
   auto rotated_dot = [&](index_t pq, index_t pk) {
     dmat qq = q, kk = k;
-    be.rope_forward(qq.view(), 1, hd, pq, theta);
-    be.rope_forward(kk.view(), 1, hd, pk, theta);
+    be.rope_forward(qq.view(), 1, hd, {pq, {}, {}, theta});
+    be.rope_forward(kk.view(), 1, hd, {pk, {}, {}, theta});
     return weighted_sum(qq.v, kk.v);
   };
   CHECK(rotated_dot(20, 13) == doctest::Approx(rotated_dot(9, 2)).epsilon(1e-12));
@@ -296,22 +296,29 @@ TEST_CASE("rope backward is the transpose (finite differences), odd head_dim rej
   const dmat w = dmat::random(n, heads * hd, 29);
   auto f = [&] {
     dmat y = x;
-    be.rope_forward(y.view(), heads, hd, pos0, theta);
+    be.rope_forward(y.view(), heads, hd, {pos0, {}, {}, theta});
     return weighted_sum(w.v, y.v);
   };
   dmat dx = w;
-  be.rope_backward(dx.view(), heads, hd, pos0, theta);
+  be.rope_backward(dx.view(), heads, hd, {pos0, {}, {}, theta});
   CHECK(max_rel_diff(dx.v, numeric_grad(x.v, f)) < grad_tol);
   // backward undoes forward (a rotation)
   dmat y = x;
-  be.rope_forward(y.view(), heads, hd, pos0, theta);
-  be.rope_backward(y.view(), heads, hd, pos0, theta);
+  be.rope_forward(y.view(), heads, hd, {pos0, {}, {}, theta});
+  be.rope_backward(y.view(), heads, hd, {pos0, {}, {}, theta});
   CHECK(max_rel_diff(y.v, x.v) < 1e-14);
 
   dmat odd(2, 10);
-  check_error([&] { be.rope_forward(odd.view(), 2, 5, 0, theta); },
-              {"rope_forward", "head_dim is 5"});
-  check_error([&] { be.rope_backward(odd.view(), 2, 5, 0, theta); }, {"rope_backward", "5"});
+  check_error(
+      [&] {
+        be.rope_forward(odd.view(), 2, 5, {0, {}, {}, theta});
+      },
+      {"rope_forward", "head_dim is 5"});
+  check_error(
+      [&] {
+        be.rope_backward(odd.view(), 2, 5, {0, {}, {}, theta});
+      },
+      {"rope_backward", "5"});
 }
 
 TEST_CASE("swiglu forward matches the formula, backward matches finite differences") {

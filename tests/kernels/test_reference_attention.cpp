@@ -81,7 +81,7 @@ TEST_CASE("attention forward equals the naive masked softmax (GQA, q0, padding, 
     const dmat v = dmat::random(tc.nk, tc.kv_heads * tc.hd, 42);
     const double scale = 1 / std::sqrt(static_cast<double>(tc.hd));
     dmat o(tc.nq, tc.heads * tc.hd, 99.0), lse(tc.nq, tc.heads, 99.0);
-    be.attention_forward(s, q.cview(), k.cview(), v.cview(), tc.q0, tc.valid_len, scale, o.view(),
+    be.attention_forward(s, q.cview(), k.cview(), v.cview(), {tc.q0, tc.valid_len}, scale, o.view(),
                          lse.view());
     const auto [o_ref, lse_ref] = naive_attention(s, q, k, v, tc.q0, tc.valid_len, scale);
     CHECK(max_rel_diff(o.v, o_ref.v) < 1e-13);
@@ -96,9 +96,9 @@ TEST_CASE("attention: a padded query attends every valid key, like the last vali
   const dmat q = dmat::random(1, 8, 43);
   const dmat k = dmat::random(nk, 4, 44), v = dmat::random(nk, 4, 45);
   dmat o_pad(1, 8), lse_pad(1, 2), o_last(1, 8), lse_last(1, 2);
-  be.attention_forward(s, q.cview(), k.cview(), v.cview(), 8, valid_len, 0.5, o_pad.view(),
+  be.attention_forward(s, q.cview(), k.cview(), v.cview(), {8, valid_len}, 0.5, o_pad.view(),
                        lse_pad.view());
-  be.attention_forward(s, q.cview(), k.cview(), v.cview(), valid_len - 1, valid_len, 0.5,
+  be.attention_forward(s, q.cview(), k.cview(), v.cview(), {valid_len - 1, valid_len}, 0.5,
                        o_last.view(), lse_last.view());
   for (double x : o_pad.v) CHECK(std::isfinite(x));
   CHECK(max_rel_diff(o_pad.v, o_last.v) < 1e-15);
@@ -112,7 +112,7 @@ TEST_CASE("attention stats count computed (query, key, head) triples") {
   const dmat q = dmat::random(tc.nq, tc.heads * tc.hd, 46);
   const dmat k = dmat::random(tc.nk, tc.kv_heads * tc.hd, 47);
   dmat o(tc.nq, tc.heads * tc.hd), lse(tc.nq, tc.heads);
-  be.attention_forward(s, q.cview(), k.cview(), k.cview(), tc.q0, tc.valid_len, 0.3, o.view(),
+  be.attention_forward(s, q.cview(), k.cview(), k.cview(), {tc.q0, tc.valid_len}, 0.3, o.view(),
                        lse.view());
   double triples = 0;
   for (index_t i = 0; i < tc.nq; ++i)
@@ -122,7 +122,7 @@ TEST_CASE("attention stats count computed (query, key, head) triples") {
   CHECK(be.stats().attention_flops == doctest::Approx(4.0 * static_cast<double>(tc.hd) * triples));
   dmat dq(tc.nq, tc.heads * tc.hd), dk(tc.nk, tc.kv_heads * tc.hd), dv = dk;
   be.attention_backward(s, q.cview(), k.cview(), k.cview(), o.cview(), o.cview(), lse.cview(),
-                        tc.q0, tc.valid_len, 0.3, dq.view(), dk.view(), dv.view());
+                        {tc.q0, tc.valid_len}, 0.3, dq.view(), dk.view(), dv.view());
   CHECK(be.stats().attention_backward_calls == 1);
   CHECK(be.stats().attention_flops == doctest::Approx(14.0 * static_cast<double>(tc.hd) * triples));
 }
@@ -143,8 +143,8 @@ TEST_CASE("attention backward matches finite differences (GQA 1/2/4, q0 > 0, val
     const dmat w = dmat::random(tc.nq, tc.heads * tc.hd, 53);
     const double scale = 0.8;
     auto forward = [&](dmat& o, dmat& lse) {
-      be.attention_forward(s, q.cview(), k.cview(), v.cview(), tc.q0, tc.valid_len, scale, o.view(),
-                           lse.view());
+      be.attention_forward(s, q.cview(), k.cview(), v.cview(), {tc.q0, tc.valid_len}, scale,
+                           o.view(), lse.view());
     };
     auto f = [&] {
       dmat o(tc.nq, tc.heads * tc.hd), lse(tc.nq, tc.heads);
@@ -159,7 +159,7 @@ TEST_CASE("attention backward matches finite differences (GQA 1/2/4, q0 > 0, val
     dmat dv = dmat::random(tc.nk, tc.kv_heads * tc.hd, 56);
     const dmat dq0 = dq, dk0 = dk, dv0 = dv;
     be.attention_backward(s, q.cview(), k.cview(), v.cview(), o.cview(), w.cview(), lse.cview(),
-                          tc.q0, tc.valid_len, scale, dq.view(), dk.view(), dv.view());
+                          {tc.q0, tc.valid_len}, scale, dq.view(), dk.view(), dv.view());
     auto minus = [](const dmat& a, const dmat& b) {
       std::vector<double> r(a.v.size());
       for (std::size_t i = 0; i < r.size(); ++i) r[i] = a.v[i] - b.v[i];
@@ -190,11 +190,11 @@ TEST_CASE("attention over query ranges against key prefixes equals full causal a
   for (index_t valid_len : {index_t{13}, index_t{10}}) {
     CAPTURE(valid_len);
     dmat o(total, heads * hd), lse(total, heads);
-    be.attention_forward(s, q.cview(), k.cview(), v.cview(), 0, valid_len, scale, o.view(),
+    be.attention_forward(s, q.cview(), k.cview(), v.cview(), {0, valid_len}, scale, o.view(),
                          lse.view());
     dmat dq(total, heads * hd), dk(total, kv_heads * hd), dv(total, kv_heads * hd);
     be.attention_backward(s, q.cview(), k.cview(), v.cview(), o.cview(), dout.cview(), lse.cview(),
-                          0, valid_len, scale, dq.view(), dk.view(), dv.view());
+                          {0, valid_len}, scale, dq.view(), dk.view(), dv.view());
     for (const auto& cuts : splits) {
       CAPTURE(cuts.size());
       dmat o_r(total, heads * hd), lse_r(total, heads);
@@ -205,10 +205,10 @@ TEST_CASE("attention over query ranges against key prefixes equals full causal a
         auto rows = [&](dmat& m) { return m.view().row_range(q0, q1); };
         auto crows = [&](const dmat& m) { return m.cview().row_range(q0, q1); };
         auto prefix = [&](const dmat& m) { return m.cview().row_range(0, q1); };
-        be.attention_forward(s, crows(q), prefix(k), prefix(v), q0, valid_len, scale, rows(o_r),
+        be.attention_forward(s, crows(q), prefix(k), prefix(v), {q0, valid_len}, scale, rows(o_r),
                              rows(lse_r));
         be.attention_backward(s, crows(q), prefix(k), prefix(v), crows(o_r), crows(dout),
-                              crows(lse_r), q0, valid_len, scale, rows(dq_r),
+                              crows(lse_r), {q0, valid_len}, scale, rows(dq_r),
                               dk_r.view().row_range(0, q1), dv_r.view().row_range(0, q1));
       }
       CHECK(max_rel_diff(o_r.v, o.v) < 1e-14);
@@ -233,9 +233,9 @@ TEST_CASE("attention on strided views (Q, K, V inside one fused QKV buffer)") {
     for (index_t c = 0; c < kc; ++c) v(i, c) = qkv(i, qc + kc + c);
   }
   dmat o1(n, qc), l1(n, heads), o2(n, qc), l2(n, heads);
-  be.attention_forward(s, q.cview(), k.cview(), v.cview(), 0, n, 0.4, o1.view(), l1.view());
+  be.attention_forward(s, q.cview(), k.cview(), v.cview(), {0, n}, 0.4, o1.view(), l1.view());
   be.attention_forward(s, qkv.cview().col_range(0, qc), qkv.cview().col_range(qc, qc + kc),
-                       qkv.cview().col_range(qc + kc, qc + 2 * kc), 0, n, 0.4, o2.view(),
+                       qkv.cview().col_range(qc + kc, qc + 2 * kc), {0, n}, 0.4, o2.view(),
                        l2.view());
   CHECK(max_rel_diff(o1.v, o2.v) == 0.0);
   CHECK(max_rel_diff(l1.v, l2.v) == 0.0);

@@ -115,10 +115,21 @@ TEST_CASE("rmsnorm, rope, swiglu reject mismatched shapes") {
       },
       {"rmsnorm_backward", "dw.size is 5, expected 6"});
 
-  check_error([&] { be.rope_forward(x.view(), 2, 4, 0, 1e4); },
-              {"rope_forward", "x.cols is 6, expected 8", "heads 2", "head_dim 4"});
-  check_error([&] { be.rope_backward(x.view(), 3, 2, -1, 1e4); }, {"rope_backward", "pos0 is -1"});
-  check_error([&] { be.rope_forward(x.view(), 3, 2, 0, 0.0); }, {"rope_forward", "theta is 0"});
+  check_error(
+      [&] {
+        be.rope_forward(x.view(), 2, 4, {0, {}, {}, 1e4});
+      },
+      {"rope_forward", "x.cols is 6, expected 8", "heads 2", "head_dim 4"});
+  check_error(
+      [&] {
+        be.rope_backward(x.view(), 3, 2, {-1, {}, {}, 1e4});
+      },
+      {"rope_backward", "pos0 is -1"});
+  check_error(
+      [&] {
+        be.rope_forward(x.view(), 3, 2, {0, {}, {}, 0.0});
+      },
+      {"rope_forward", "theta is 0"});
 
   dmat g(3, 5), u_bad(3, 4), o(3, 5);
   check_error([&] { be.swiglu_forward(g.cview(), u_bad.cview(), o.view()); },
@@ -133,7 +144,7 @@ TEST_CASE("attention rejects inconsistent shapes, valid_len 0 and bad head count
   dmat q(5, 12), k(7, 6), v(7, 6), o(5, 12), lse(5, 4);
   auto fwd = [&](attention_shape sh, const dmat& qq, const dmat& kk, const dmat& vv, index_t q0,
                  index_t valid, dmat& oo, dmat& ll) {
-    be.attention_forward(sh, qq.cview(), kk.cview(), vv.cview(), q0, valid, 1.0, oo.view(),
+    be.attention_forward(sh, qq.cview(), kk.cview(), vv.cview(), {q0, valid}, 1.0, oo.view(),
                          ll.view());
   };
   CHECK_NOTHROW(fwd(s, q, k, v, 0, 7, o, lse));
@@ -162,7 +173,7 @@ TEST_CASE("attention rejects inconsistent shapes, valid_len 0 and bad head count
   dmat dq(5, 12), dk(7, 6), dv(7, 6), dk_bad(6, 6), dq_bad(4, 12);
   auto bwd = [&](const dmat& lse_in, index_t valid, dmat& dqq, dmat& dkk, dmat& dvv) {
     be.attention_backward(s, q.cview(), k.cview(), v.cview(), o.cview(), o.cview(), lse_in.cview(),
-                          0, valid, 1.0, dqq.view(), dkk.view(), dvv.view());
+                          {0, valid}, 1.0, dqq.view(), dkk.view(), dvv.view());
   };
   CHECK_NOTHROW(bwd(lse, 7, dq, dk, dv));
   check_error([&] { bwd(lse, 7, dq, dk_bad, dv); },

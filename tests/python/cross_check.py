@@ -7,6 +7,13 @@ saves config.json + model.safetensors and batches, runs `tightfit grad --dtype f
 every schedule for SFT, GRPO and DPO, and compares the loss and every gradient with torch
 autograd: relative error (max |diff| / max |ref| per tensor) at most 1e-9.
 
+Then (SFT, every schedule, a chunk smaller than the window): a Llama 3.1-style model with llama3
+rope scaling at positions past original_max_position_embeddings and mlp_bias, a yarn model, a
+Mistral with a sliding window shorter than T, a Qwen2 with a window on its upper layer and
+dynamic NTK rope, and a packed batch (position_ids, documents restarting at 0) whose reference
+runs every document alone. The rope scalings are written here from their definitions
+(transformers' ROPE_INIT_FUNCTIONS), in float64.
+
 usage: cross_check.py PATH_TO_TIGHTFIT [WORKDIR]
 """
 import json
@@ -39,6 +46,7 @@ class Model(torch.nn.Module):
         # biases on q/k/v/o when attention_bias is true
         self.qkv_bias = arch == "Qwen2ForCausalLM" or cfg.get("attention_bias", False)
         self.o_bias = arch != "Qwen2ForCausalLM" and cfg.get("attention_bias", False)
+        self.mlp_bias = arch == "LlamaForCausalLM" and cfg.get("mlp_bias", False)
         p = {}
 
         def mat(*shape):
@@ -68,6 +76,10 @@ class Model(torch.nn.Module):
             p[pre + "mlp.gate_proj.weight"] = mat(f, d)
             p[pre + "mlp.up_proj.weight"] = mat(f, d)
             p[pre + "mlp.down_proj.weight"] = mat(d, f)
+            if self.mlp_bias:
+                p[pre + "mlp.gate_proj.bias"] = mat(f)
+                p[pre + "mlp.up_proj.bias"] = mat(f)
+                p[pre + "mlp.down_proj.bias"] = mat(d)
         p["model.norm.weight"] = norm(d)
         if not cfg["tie_word_embeddings"]:
             p["lm_head.weight"] = mat(v, d)
@@ -76,22 +88,91 @@ class Model(torch.nn.Module):
     def rms(self, x, w):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg["rms_norm_eps"]) * w
 
-    def rope(self, x):  # x (B, heads, T, hd)
-        hd = x.shape[-1]
-        inv = 1.0 / (self.cfg["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
-        ang = torch.arange(x.shape[2], dtype=torch.float64)[:, None] * inv[None, :]
-        emb = torch.cat([ang, ang], dim=-1)
-        x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
-        return x * emb.cos() + torch.cat([-x2, x1], dim=-1) * emb.sin()
+    def rope_params(self, seq_len):
+        """inv_freq (hd/2) and the cos/sin scaling of the config's rope_scaling."""
+        c, hd = self.cfg, self.head_dim
+        theta = c["rope_theta"]
+        inv = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+        rs = c.get("rope_scaling") or {"rope_type": "default"}
+        kind = rs.get("rope_type", rs.get("type"))
+        if kind == "default":
+            return inv, 1.0
+        factor = rs["factor"]
+        if kind == "linear":
+            return inv / factor, 1.0
+        if kind == "dynamic":
+            m = c["max_position_embeddings"]
+            if seq_len <= m:
+                return inv, 1.0
+            base = theta * (factor * seq_len / m - (factor - 1)) ** (hd / (hd - 2))
+            return 1.0 / base ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd), 1.0
+        if kind == "llama3":
+            old = rs["original_max_position_embeddings"]
+            lo, hi = rs["low_freq_factor"], rs["high_freq_factor"]
+            out = []
+            for f in inv.tolist():
+                wl = 2 * math.pi / f
+                if wl < old / hi:
+                    out.append(f)
+                elif wl > old / lo:
+                    out.append(f / factor)
+                else:
+                    smooth = (old / wl - lo) / (hi - lo)
+                    out.append((1 - smooth) * f / factor + smooth * f)
+            return torch.tensor(out), 1.0
+        if kind == "yarn":
+            orig = rs.get("original_max_position_embeddings") or c["max_position_embeddings"]
+            scaling = rs.get("attention_factor") or 0.1 * math.log(factor) + 1.0
 
-    def logits(self, ids, lengths):
+            def dim_of(rot):
+                return hd * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(theta))
+            low = max(math.floor(dim_of(rs.get("beta_fast", 32))), 0)
+            high = min(math.ceil(dim_of(rs.get("beta_slow", 1))), hd - 1)
+            if low == high:
+                high += 0.001
+            ramp = ((torch.arange(hd // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+            keep = 1 - ramp  # weight of the unscaled (extrapolated) frequency
+            return inv / factor * (1 - keep) + inv * keep, scaling
+        raise ValueError(kind)
+
+    def rope(self, x, pos):  # x (B, heads, T, hd), pos (B, T) positions
+        hd = x.shape[-1]
+        inv, scaling = self.rope_params(int(pos.max().item()) + 1)
+        ang = pos.to(torch.float64)[:, :, None] * inv[None, None, :]  # (B, T, hd/2)
+        emb = torch.cat([ang, ang], dim=-1)[:, None, :, :]
+        x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+        return x * (emb.cos() * scaling) + torch.cat([-x2, x1], dim=-1) * (emb.sin() * scaling)
+
+    def window(self, l):
+        """The sliding window of layer l (0: none), from the config as transformers reads it."""
+        c = self.cfg
+        arch = c["architectures"][0]
+        if arch == "MistralForCausalLM":
+            return c.get("sliding_window") or 0
+        if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and c.get("use_sliding_window"):
+            return c["sliding_window"] if l >= c.get("max_window_layers", 28) else 0
+        return 0
+
+    def logits(self, ids, lengths, positions=None):
         c, P = self.cfg, self.params
         B, T = ids.shape
         h, hkv, hd = c["num_attention_heads"], c["num_key_value_heads"], self.head_dim
         x = P["model.embed_tokens.weight"][ids]
         pos = torch.arange(T)
-        mask = (pos[None, :] <= pos[:, None])[None, :, :] & (pos[None, None, :] < lengths[:, None, None])
+        if positions is None:
+            positions = pos[None, :].expand(B, T)
+        start = pos[None, :] - positions  # (B, T) first position of each token's document
+        causal = (pos[None, :] <= pos[:, None])[None, :, :] & (pos[None, None, :] < lengths[:, None, None])
+        causal = causal & (pos[None, None, :] >= start[:, :, None])
         for l in range(c["num_hidden_layers"]):
+            mask = causal
+            if self.window(l) > 0:
+                mask = mask & (pos[:, None] - pos[None, :] < self.window(l))[None, :, :]
+                # a padded row left without keys (past its window) sees its last valid key, as
+                # tightfit defines it (any finite choice: padded rows are never supervised)
+                last = torch.minimum(pos[None, :], lengths[:, None] - 1)  # (B, T)
+                empty = ~mask.any(-1)
+                mask = mask | (empty[:, :, None] & (pos[None, None, :] == last[:, :, None]))
             pre = f"model.layers.{l}."
             a = self.rms(x, P[pre + "input_layernorm.weight"])
 
@@ -105,7 +186,7 @@ class Model(torch.nn.Module):
             if self.qk_norm:
                 q = self.rms(q, P[pre + "self_attn.q_norm.weight"])
                 k = self.rms(k, P[pre + "self_attn.k_norm.weight"])
-            q, k = self.rope(q), self.rope(k)
+            q, k = self.rope(q, positions), self.rope(k, positions)
             k = k.repeat_interleave(h // hkv, dim=1)
             v = v.repeat_interleave(h // hkv, dim=1)
             s = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
@@ -113,8 +194,8 @@ class Model(torch.nn.Module):
             o = (s.softmax(-1) @ v).transpose(1, 2).reshape(B, T, h * hd)
             x = x + linear("self_attn.o_proj", o)
             m = self.rms(x, P[pre + "post_attention_layernorm.weight"])
-            act = torch.nn.functional.silu(m @ P[pre + "mlp.gate_proj.weight"].T) * (m @ P[pre + "mlp.up_proj.weight"].T)
-            x = x + act @ P[pre + "mlp.down_proj.weight"].T
+            act = torch.nn.functional.silu(linear("mlp.gate_proj", m)) * linear("mlp.up_proj", m)
+            x = x + linear("mlp.down_proj", act)
         x = self.rms(x, P["model.norm.weight"])
         head = P["model.embed_tokens.weight"] if c["tie_word_embeddings"] else P["lm_head.weight"]
         return x @ head.T
@@ -190,7 +271,7 @@ def compare(name, ours, theirs):
             raise SystemExit(f"{name}: tightfit wrote no gradient for {key}")
         diff = (ours[key] - ref).abs().max().item() / max(ref.abs().max().item(), 1e-300)
         worst = max(worst, diff)
-        if diff > TOL:
+        if not diff <= TOL:  # NaN fails too
             raise SystemExit(f"{name}: gradient of {key} differs by {diff:.3e} (relative)")
     return worst
 
@@ -284,13 +365,132 @@ def main():
                     raise SystemExit(f"{' '.join(cmd)} failed ({run.returncode}): {run.stderr}")
                 report = json.loads(run.stdout.strip().splitlines()[-1])
                 rel = abs(report["loss"] - loss.item()) / abs(loss.item())
-                if rel > TOL:
+                if not rel <= TOL:
                     raise SystemExit(f"{arch} {objective} {schedule}: loss {report['loss']} vs torch {loss.item()}")
                 worst = max(worst, compare(f"{arch} {objective} {schedule}", st.load(out), expected))
                 checks += 1
                 print(f"{arch:6s} {objective:5s} {schedule:10s} loss {report['loss']:.12f} "
                       f"(torch {loss.item():.12f}) worst gradient rel. error so far {worst:.2e}")
+    more, worst = scaled_and_packed(tool, work, worst)
+    checks += more
     print(f"cross-check: {checks} passed, 0 failed (every gradient within {TOL:g} of torch autograd)")
+
+
+def run_tool(tool, model_dir, batch_path, out, schedule, chunk):
+    cmd = [tool, "grad", "--model", model_dir, "--batch", batch_path, "--objective", "sft",
+           "--schedule", schedule, "--chunk", str(chunk), "--dtype", "f64", "--out", out]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({run.returncode}): {run.stderr}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def scaled_and_packed(tool, work, worst):
+    """Rope scaling, sliding windows, mlp_bias and packed batches (SFT, every schedule)."""
+    base = dict(vocab_size=43, hidden_size=24, intermediate_size=32, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=12, rms_norm_eps=1e-5,
+                rope_theta=100.0, tie_word_embeddings=False, hidden_act="silu")
+    llama = dict(architectures=["LlamaForCausalLM"], model_type="llama")
+    configs = {
+        # wavelengths 6.3 (kept), 13.5 and 29 (smoothed), 63+ (divided); positions up to 39 > 32
+        "llama3.1": dict(base, **llama, max_position_embeddings=256, mlp_bias=True,
+                         rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                           high_freq_factor=4.0,
+                                           original_max_position_embeddings=32)),
+        "yarn": dict(base, **llama, max_position_embeddings=64,
+                     rope_scaling=dict(rope_type="yarn", factor=4.0, beta_fast=8, beta_slow=1,
+                                       original_max_position_embeddings=16)),
+        "mistral": dict(base, architectures=["MistralForCausalLM"], model_type="mistral",
+                        sliding_window=6, max_position_embeddings=64),
+        "qwen2-window": dict(base, architectures=["Qwen2ForCausalLM"], model_type="qwen2",
+                             use_sliding_window=True, sliding_window=5, max_window_layers=1,
+                             max_position_embeddings=16,
+                             rope_scaling=dict(type="dynamic", factor=2.0)),
+    }
+    checks = 0
+    for name, cfg in configs.items():
+        model_dir = os.path.join(work, name)
+        os.makedirs(model_dir, exist_ok=True)
+        model = Model(cfg, seed=3 + len(name))
+        with open(os.path.join(model_dir, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        st.save(os.path.join(model_dir, "model.safetensors"),
+                {k: v.detach() for k, v in model.params.items()})
+        g = torch.Generator().manual_seed(11)
+        B, T = 2, 40
+        ids, labels, mask = make_batch(g, B, T, cfg["vocab_size"], [40, 29])
+        lengths = mask.sum(-1)
+        for p in model.params.values():
+            p.grad = None
+        loss = sft_loss(model, {"input_ids": ids, "labels": labels, "lengths": lengths}, {})
+        loss.backward()
+        expected = {k: p.grad for k, p in model.params.items()}
+        batch_path = os.path.join(work, f"{name}-sft.safetensors")
+        st.save(batch_path, {"input_ids": ids, "labels": labels, "attention_mask": mask})
+        for schedule in ("full", "checkpoint", "stream"):
+            out = os.path.join(work, f"{name}-{schedule}-grads.safetensors")
+            report = run_tool(tool, model_dir, batch_path, out, schedule, 4)  # 4 < every window
+            rel = abs(report["loss"] - loss.item()) / abs(loss.item())
+            if not rel <= TOL:
+                raise SystemExit(f"{name} {schedule}: loss {report['loss']} vs torch {loss.item()}")
+            worst = max(worst, compare(f"{name} {schedule}", st.load(out), expected))
+            checks += 1
+            print(f"{name:12s} sft   {schedule:10s} loss {report['loss']:.12f} "
+                  f"(torch {loss.item():.12f}) worst gradient rel. error so far {worst:.2e}")
+
+    # Packed: rows of documents restarting at position 0; the reference runs each document
+    # alone (its own sequence), so nothing may cross a document boundary.
+    name = "llama3.1"
+    cfg = configs[name]
+    model_dir = os.path.join(work, name)
+    model = Model(cfg, seed=3 + len(name))
+    g = torch.Generator().manual_seed(5)
+    docs = [[4, 7, 29], [3, 3, 5, 29]]
+    B, T = len(docs), 40
+    ids = torch.randint(0, cfg["vocab_size"], (B, T), generator=g)
+    labels = ids.clone()  # labels across document boundaries too: the tool must drop them
+    positions = torch.zeros(B, T, dtype=torch.int64)
+    for b, row in enumerate(docs):
+        t = 0
+        for n in row:
+            positions[b, t:t + n] = torch.arange(n)
+            t += n
+    for p in model.params.values():
+        p.grad = None
+    total, count = 0.0, 0
+    for b, row in enumerate(docs):
+        t = 0
+        for n in row:
+            doc = ids[b:b + 1, t:t + n]
+            logits = model.logits(doc, torch.tensor([n]))
+            lp = logits.log_softmax(-1)[0, :-1, :].gather(-1, doc[0, 1:, None])[:, 0]
+            total = total + lp.sum()
+            count += n - 1
+            t += n
+    loss = -total / count
+    loss.backward()
+    expected = {k: p.grad for k, p in model.params.items()}
+    batch_path = os.path.join(work, "packed-sft.safetensors")
+    st.save(batch_path, {"input_ids": ids, "labels": labels, "position_ids": positions})
+    for schedule in ("full", "checkpoint", "stream"):
+        for chunk in (4, 7):  # chunks crossing document boundaries
+            out = os.path.join(work, f"packed-{schedule}-{chunk}-grads.safetensors")
+            report = run_tool(tool, model_dir, batch_path, out, schedule, chunk)
+            rel = abs(report["loss"] - loss.item()) / abs(loss.item())
+            if not rel <= TOL:
+                raise SystemExit(f"packed {schedule}: loss {report['loss']} vs torch {loss.item()}")
+            worst = max(worst, compare(f"packed {schedule} chunk {chunk}", st.load(out), expected))
+            checks += 1
+            print(f"packed       sft   {schedule:10s} chunk {chunk} loss {report['loss']:.12f} "
+                  f"(torch {loss.item():.12f}) worst gradient rel. error so far {worst:.2e}")
+    # a batch key the tool does not understand is an error naming it
+    bad = os.path.join(work, "unknown-key.safetensors")
+    st.save(bad, {"input_ids": ids, "labels": labels, "cu_seqlens": torch.tensor([0, 4, 11])})
+    run = subprocess.run([tool, "grad", "--model", model_dir, "--batch", bad, "--dtype", "f64"],
+                         capture_output=True, text=True)
+    if run.returncode != 1 or "'cu_seqlens'" not in run.stderr:
+        raise SystemExit(f"an unknown batch key was not refused by name: {run.returncode} {run.stderr}")
+    return checks, worst
 
 
 if __name__ == "__main__":

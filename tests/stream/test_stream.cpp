@@ -314,3 +314,154 @@ TEST_CASE("lazy layer gradients: one layer's gradients at a time, same values") 
       CHECK(tightfit::testing::max_rel_diff(captured[id], eager.grads[id], 1e-12) < 1e-12);
     }
 }
+
+namespace {
+
+run_output run_batch(const model_config& cfg, const token_batch& batch, backward_options opt,
+                     std::uint64_t seed = 7) {
+  ref be;
+  decoder_model<ref> model(be, cfg);
+  model.init_random(seed, 0.3, 0.2);
+  sft_loss loss;
+  run_output out;
+  out.result = compute_gradients(model, batch, loss, opt);
+  out.loss = out.result.loss;
+  out.grads = grads_of(model.parameters());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("sliding windows, rope scaling, mlp_bias and packing: every schedule equals full") {
+  struct variant {
+    const char* what;
+    index_t window;
+    std::vector<bool> sliding;
+    std::string rope_type;
+    bool mlp_bias;
+    std::vector<index_t> positions;  // one row, packed; empty: 2 rows of 13 unpacked
+  };
+  const std::vector<variant> variants = {
+      {"window 4", 4, {}, "default", false, {}},
+      {"window 5 on layer 1 only, llama3 rope", 5, {false, true}, "llama3", false, {}},
+      {"yarn, mlp_bias", 0, {}, "yarn", true, {}},
+      {"dynamic ntk past max_position_embeddings", 3, {}, "dynamic", false, {}},
+      {"linear, packed documents 5 + 1 + 7",
+       0,
+       {},
+       "linear",
+       true,
+       {0, 1, 2, 3, 4, 0, 0, 1, 2, 3, 4, 5, 6}},
+      {"window 3 and packed documents",
+       3,
+       {},
+       "default",
+       false,
+       {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4}},
+  };
+  for (const auto& v : variants) {
+    CAPTURE(v.what);
+    auto cfg = tiny_config(4, 2, true, false);
+    cfg.sliding_window = v.window;
+    cfg.sliding_layers = v.sliding;
+    cfg.mlp_bias = v.mlp_bias;
+    cfg.max_position_embeddings = 8;  // T = 13 is past it: dynamic and yarn scale
+    cfg.rope_scaling.rope_type = v.rope_type;
+    cfg.rope_scaling.factor = 2.5;
+    cfg.rope_scaling.original_max_position_embeddings = v.rope_type == "llama3" ? 6 : 0;
+    cfg.rope_scaling.low_freq_factor = 1;
+    cfg.rope_scaling.high_freq_factor = 3;
+    const bool packed = !v.positions.empty();
+    const random_batch rb(packed ? 1 : 2, 13, cfg.vocab_size,
+                          packed ? std::vector<index_t>{} : std::vector<index_t>{13, 10}, 29);
+    token_batch batch = rb.view();
+    batch.position_ids = v.positions;
+    const auto full = run_batch(cfg, batch, with(backward_schedule::full, 13));
+    CHECK(std::isfinite(full.loss));
+    for (index_t chunk : {index_t{1}, index_t{2}, index_t{5}}) {  // smaller than the window
+      CAPTURE(chunk);
+      const auto ckpt = run_batch(cfg, batch, with(backward_schedule::checkpoint, chunk));
+      const auto stream = run_batch(cfg, batch, with(backward_schedule::stream, chunk));
+      CHECK(std::abs(stream.loss - full.loss) <= 1e-12 * std::abs(full.loss));
+      CHECK(std::abs(ckpt.loss - full.loss) <= 1e-12 * std::abs(full.loss));
+      CHECK(max_grad_rel_diff(stream, full) < 1e-10);
+      CHECK(max_grad_rel_diff(ckpt, full) < 1e-10);
+    }
+    // the variant changes the result: not a vacuous comparison
+    auto plain = tiny_config(4, 2, true, false);
+    plain.mlp_bias = v.mlp_bias;
+    token_batch unpacked = batch;
+    unpacked.position_ids = {};
+    CHECK(std::abs(run_batch(plain, unpacked, with(backward_schedule::full, 13)).loss - full.loss) >
+          1e-9);
+  }
+}
+
+TEST_CASE("packed documents == the same documents unpacked, under every schedule (1e-12)") {
+  // documents of 5, 3 and 6 tokens: one packed row of 14, or three right-padded rows of 6
+  const std::vector<index_t> lengths{5, 3, 6};
+  auto cfg = tiny_config(4, 2, true, true, 3);
+  cfg.sliding_window = 4;  // documents and a window together
+  cfg.sliding_layers = {true, false, true};
+  const random_batch docs(3, 6, cfg.vocab_size, {}, 41, 0.1);
+  std::vector<token_id> ids_u, tgt_u, ids_p, tgt_p;
+  std::vector<index_t> pos_p;
+  for (index_t b = 0; b < 3; ++b) {
+    const index_t len = lengths[static_cast<std::size_t>(b)];
+    for (index_t t = 0; t < 6; ++t) {
+      const auto i = static_cast<std::size_t>(b * 6 + t);
+      // the last token of a document predicts nothing here (so both layouts agree on it)
+      const token_id y = t == len - 1 ? ignore_index : docs.targets[i];
+      ids_u.push_back(docs.ids[i]);
+      tgt_u.push_back(y);
+      if (t < len) {
+        ids_p.push_back(docs.ids[i]);
+        tgt_p.push_back(y);
+        pos_p.push_back(t);
+      }
+    }
+  }
+  // one more variant: the packed row's documents keep targets across boundaries; those must be
+  // dropped by compute_gradients (they predict another document's first token)
+  std::vector<token_id> tgt_leaky = tgt_p;
+  for (std::size_t i = 0; i + 1 < tgt_leaky.size(); ++i)
+    if (pos_p[i + 1] == 0) tgt_leaky[i] = ids_p[i + 1];
+  const token_batch unpacked{3, 6, ids_u, tgt_u, lengths};
+  const token_batch packed{1, 14, ids_p, tgt_p, {}, pos_p};
+  const token_batch leaky{1, 14, ids_p, tgt_leaky, {}, pos_p};
+  for (auto sched :
+       {backward_schedule::full, backward_schedule::checkpoint, backward_schedule::stream}) {
+    for (index_t chunk : {index_t{2}, index_t{4}, index_t{14}}) {
+      CAPTURE(to_string(sched));
+      CAPTURE(chunk);
+      const auto u = run_batch(cfg, unpacked, with(sched, chunk));
+      const auto p = run_batch(cfg, packed, with(sched, chunk));
+      const auto l = run_batch(cfg, leaky, with(sched, chunk));
+      CHECK(std::abs(p.loss - u.loss) <= 1e-12 * std::abs(u.loss));
+      CHECK(max_grad_rel_diff(p, u) < 1e-12);
+      CHECK(std::abs(l.loss - u.loss) <= 1e-12 * std::abs(u.loss));
+      CHECK(max_grad_rel_diff(l, u) < 1e-12);
+    }
+  }
+}
+
+TEST_CASE("position_ids are validated, errors name the row, position and value") {
+  auto cfg = tiny_config(2, 1, false, false);
+  const random_batch rb(2, 4, cfg.vocab_size, {}, 3);
+  auto message = [&](std::vector<index_t> pos) -> std::string {
+    token_batch b = rb.view();
+    b.position_ids = pos;
+    try {
+      run_batch(cfg, b, with(backward_schedule::stream, 2));
+    } catch (const error& e) {
+      return e.what();
+    }
+    return "<no error>";
+  };
+  CHECK(message({0, 1, 0, 1, 0, 1, 2, 3}) == "<no error>");
+  CHECK(message({0, 1, 2}).find("position_ids.size") != std::string::npos);
+  CHECK(message({0, 1, 2, 3, 1, 2, 3, 4}).find("position_ids[1][0] is 1, expected 0") !=
+        std::string::npos);
+  CHECK(message({0, 1, 3, 4, 0, 1, 2, 3}).find("position_ids[0][2] is 3, expected 2") !=
+        std::string::npos);
+}

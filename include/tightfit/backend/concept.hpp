@@ -19,13 +19,20 @@
 //    zeroes a gradient buffer once and several contributions add up. An empty span or view
 //    for a parameter gradient (dw, dweight) means "not needed": that work is skipped.
 //  - In-place kernels (rope_forward/backward, xent_backward) say so.
-//  - Attention works on one sequence: rows of Q are absolute positions [q0, q0 + Q.rows),
-//    rows of K/V are positions [0, K.rows). Query at position p attends keys j with
-//    j <= p, j < K.rows and j < valid_len (right padding). GQA: query head h reads kv head
-//    h / (heads / kv_heads). lse is (Q.rows, heads): log sum_j exp(scale * q.k_j).
+//  - Attention works on one sequence and takes an attention_mask: rows of Q are absolute
+//    positions [q0, q0 + Q.rows), rows of K/V are positions [0, K.rows). Query at position p
+//    attends keys j in [first_key(p), p] with j < K.rows and j < valid_len (right padding);
+//    first_key adds a sliding window and document boundaries (packed sequences). GQA: query
+//    head h reads kv head h / (heads / kv_heads). lse is (Q.rows, heads):
+//    log sum_j exp(scale * q.k_j).
+//  - RoPE takes rope_args: positions (pos0 + i, or one per row for packed sequences), the
+//    inverse frequencies (nn/rope.hpp computes Hugging Face's scaled ones) and the yarn
+//    attention scaling of cos and sin.
 //  - Cross-entropy rows with label == ignore_index give logprob 0 and a zero gradient row.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <concepts>
 #include <cstdint>
 #include <span>
@@ -53,6 +60,57 @@ struct attention_shape {
   index_t heads = 1;
   index_t kv_heads = 1;
   index_t head_dim = 1;
+};
+
+/// Which keys each query row of an attention call sees. Q row i is position q0 + i; K/V rows are
+/// positions [0, K.rows). Query p attends keys j in [first_key(p), min(p, valid_len - 1)] that
+/// exist (j < K.rows). A query row with no such key (a padded row past its window or document,
+/// or p >= K.rows beyond it) attends the last key it may see, min(p, valid_len - 1, K.rows - 1),
+/// so that every row is well defined. first_key is non-decreasing in p, so a tile of queries
+/// [a, b) needs keys [first_key(a), b) only: the kernels skip every tile outside.
+struct attention_mask {
+  index_t q0 = 0;
+  index_t valid_len = 0;  ///< keys j >= valid_len are right padding (may exceed K.rows)
+  index_t window = 0;  ///< 0: none; W > 0: query p sees keys j with p - j < W (HF sliding_window)
+  /// Empty: one document. Else at least q0 + Q.rows entries: doc_start[p] is the first position
+  /// of p's document (non-decreasing, doc_start[p] <= p); query p sees no key before it.
+  std::span<const index_t> doc_start{};
+
+  /// max(0, p - W + 1, doc_start[p]): the first key query p may see.
+  index_t first_key(index_t p) const {
+    index_t f = window > 0 ? std::max<index_t>(0, p - window + 1) : 0;
+    if (!doc_start.empty()) f = std::max(f, doc_start[static_cast<std::size_t>(p)]);
+    return f;
+  }
+  /// The last key query p sees among nk keys: min(p, valid_len - 1, nk - 1).
+  index_t last_key(index_t p, index_t nk) const { return std::min({p, valid_len - 1, nk - 1}); }
+  /// The first key query p sees among nk keys: first_key(p), or last_key when the window or
+  /// document leaves p no key (padded rows). Non-decreasing in p, like last_key.
+  index_t begin_key(index_t p, index_t nk) const { return std::min(first_key(p), last_key(p, nk)); }
+  /// Whether any query sees fewer keys than plain causal attention would give it.
+  bool restricted() const { return window > 0 || !doc_start.empty(); }
+};
+
+/// Where RoPE rotates each row: row i of x is at position pos0 + i, or positions[i] (packed
+/// sequences: positions restart at each document). Frequency k < head_dim / 2 is inv_freq[k], or
+/// theta^(-2k / head_dim) when inv_freq is empty; cos and sin are multiplied by
+/// attention_scaling (yarn; 1 otherwise).
+struct rope_args {
+  index_t pos0 = 0;
+  std::span<const index_t> positions{};  ///< empty: row i at pos0 + i; else x.rows entries (pos0 0)
+  std::span<const double> inv_freq{};    ///< head_dim / 2 entries; empty: from theta
+  double theta = 10000;                  ///< used when inv_freq is empty
+  double attention_scaling = 1;          ///< yarn's factor on cos and sin
+
+  index_t position(index_t i) const {
+    return positions.empty() ? pos0 + i : positions[static_cast<std::size_t>(i)];
+  }
+  /// inv_freq[k], or theta^(-2k / head_dim).
+  double frequency(index_t k, index_t head_dim) const {
+    return inv_freq.empty()
+               ? std::pow(theta, -2.0 * static_cast<double>(k) / static_cast<double>(head_dim))
+               : inv_freq[static_cast<std::size_t>(k)];
+  }
 };
 
 /// Hyper-parameters of one Adam / AdamW step. `step` is 1 for the first update.
@@ -148,22 +206,23 @@ concept TransformerBackend = DenseBackend<B> &&
     requires(B& be, index_t n, accum_t<B> a,
              matrix_view<storage_t<B>> m, matrix_view<const storage_t<B>> cm,
              std::span<storage_t<B>> s, std::span<const storage_t<B>> cs,
-             std::span<const token_id> ids, attention_shape shape, double theta) {
+             std::span<const token_id> ids, attention_shape shape, const rope_args& rope,
+             const attention_mask& mask) {
   // token embedding: out rows = table rows ids; backward accumulates rows into dtable
   be.embedding_forward(cm, ids, m);
   be.embedding_backward(cm, ids, m);
   // RMSNorm over rows: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps)
   be.rmsnorm_forward(cm, cs, a, m, s);
   be.rmsnorm_backward(cm, cs, cs, cm, m, s);  // x, w, rstd, dy, dx +=, dw += (empty: skip)
-  // RoPE (HF rotate-half) in place on (rows, heads * head_dim); row i is position pos0 + i
-  be.rope_forward(m, n, n, n, theta);
-  be.rope_backward(m, n, n, n, theta);
+  // RoPE (HF rotate-half) in place on (rows, heads * head_dim) at the positions of rope_args
+  be.rope_forward(m, n, n, rope);
+  be.rope_backward(m, n, n, rope);
   // SwiGLU: out = silu(gate) * up
   be.swiglu_forward(cm, cm, m);
   be.swiglu_backward(cm, cm, cm, m, m);  // gate, up, dout, dgate +=, dup +=
-  // causal flash attention of Q rows [q0, q0+rows) against keys [0, K.rows)
-  be.attention_forward(shape, cm, cm, cm, n, n, a, m, m);  // Q K V q0 valid_len scale -> O lse
-  be.attention_backward(shape, cm, cm, cm, cm, cm, cm, n, n, a, m, m, m);  // Q K V O dO lse q0 valid scale dQ+= dK+= dV+=
+  // causal flash attention of Q rows [q0, q0+rows) against keys [0, K.rows) under a mask
+  be.attention_forward(shape, cm, cm, cm, mask, a, m, m);  // Q K V mask scale -> O lse
+  be.attention_backward(shape, cm, cm, cm, cm, cm, cm, mask, a, m, m, m);  // Q K V O dO lse mask scale dQ+= dK+= dV+=
   // softmax cross-entropy over a logits chunk (rows, vocab) at temperature tau
   be.xent_forward(cm, ids, a, s, s);        // logits labels tau -> lse, label logprob
   be.xent_backward(m, ids, cs, cs, a);      // logits -> dlogits in place; lse, coeff, tau

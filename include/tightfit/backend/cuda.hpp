@@ -256,14 +256,13 @@ requires(std::is_same_v<Storage, float> ||
 
   // ---- RoPE ---------------------------------------------------------------------------------
 
-  void rope_forward(matrix_view<S> x, index_t heads, index_t head_dim, index_t pos0, double theta) {
-    detail::check_rope("rope_forward", x, heads, head_dim, pos0, theta);
-    rope(x, heads, head_dim, pos0, theta, 1.0);
+  void rope_forward(matrix_view<S> x, index_t heads, index_t head_dim, const rope_args& r) {
+    detail::check_rope("rope_forward", x, heads, head_dim, r);
+    rope(x, heads, head_dim, r, 1.0);
   }
-  void rope_backward(matrix_view<S> dx, index_t heads, index_t head_dim, index_t pos0,
-                     double theta) {
-    detail::check_rope("rope_backward", dx, heads, head_dim, pos0, theta);
-    rope(dx, heads, head_dim, pos0, theta, -1.0);
+  void rope_backward(matrix_view<S> dx, index_t heads, index_t head_dim, const rope_args& r) {
+    detail::check_rope("rope_backward", dx, heads, head_dim, r);
+    rope(dx, heads, head_dim, r, -1.0);
   }
 
   // ---- SwiGLU -------------------------------------------------------------------------------
@@ -294,16 +293,16 @@ requires(std::is_same_v<Storage, float> ||
 
   /// Causal GQA flash attention forward (contract: reference_backend::attention_forward).
   void attention_forward(const attention_shape& shape, matrix_view<const S> q,
-                         matrix_view<const S> k, matrix_view<const S> v, index_t q0,
-                         index_t valid_len, F scale, matrix_view<S> o, matrix_view<S> lse) {
-    detail::check_attention_forward(shape, cv(q), cv(k), cv(v), q0, valid_len, scale, mv(o),
-                                    mv(lse));
+                         matrix_view<const S> k, matrix_view<const S> v, const attention_mask& mask,
+                         F scale, matrix_view<S> o, matrix_view<S> lse) {
+    detail::check_attention_forward(shape, cv(q), cv(k), cv(v), mask, scale, mv(o), mv(lse));
     ++stats_.attention_forward_calls;
-    stats_.attention_flops += 4.0 * static_cast<double>(shape.head_dim) *
-                              visible_triples(shape, q.rows, k.rows, q0, valid_len);
+    stats_.attention_flops +=
+        4.0 * static_cast<double>(shape.head_dim) * visible_triples(shape, q.rows, k.rows, mask);
     if (q.rows == 0) return;
     ctx_.ensure();
-    const auto a = attn_args(shape, q.rows, k.rows, q0, valid_len, scale);
+    auto doc = doc_starts(mask, q.rows);
+    const auto a = attn_args(shape, q.rows, k.rows, mask, doc.data(), scale);
     const std::size_t smem = detail::cuda_k::attn_forward_smem(shape.head_dim);
     auto kernel = detail::cuda_k::attn_forward_kernel<S, S, false>;
     prepare_smem("attention_forward", kernel, smem, shape.head_dim);
@@ -316,18 +315,19 @@ requires(std::is_same_v<Storage, float> ||
   /// Exact gradient of attention_forward (contract: reference_backend::attention_backward).
   void attention_backward(const attention_shape& shape, matrix_view<const S> q,
                           matrix_view<const S> k, matrix_view<const S> v, matrix_view<const S> o,
-                          matrix_view<const S> dout, matrix_view<const S> lse, index_t q0,
-                          index_t valid_len, F scale, matrix_view<S> dq, matrix_view<S> dk,
+                          matrix_view<const S> dout, matrix_view<const S> lse,
+                          const attention_mask& mask, F scale, matrix_view<S> dq, matrix_view<S> dk,
                           matrix_view<S> dv) {
-    detail::check_attention_backward(shape, cv(q), cv(k), cv(v), cv(o), cv(dout), cv(lse), q0,
-                                     valid_len, scale, mv(dq), mv(dk), mv(dv));
+    detail::check_attention_backward(shape, cv(q), cv(k), cv(v), cv(o), cv(dout), cv(lse), mask,
+                                     scale, mv(dq), mv(dk), mv(dv));
     ++stats_.attention_backward_calls;
-    stats_.attention_flops += 10.0 * static_cast<double>(shape.head_dim) *
-                              visible_triples(shape, q.rows, k.rows, q0, valid_len);
+    stats_.attention_flops +=
+        10.0 * static_cast<double>(shape.head_dim) * visible_triples(shape, q.rows, k.rows, mask);
     if (q.rows == 0) return;
     ctx_.ensure();
     namespace ck = detail::cuda_k;
-    const auto a = attn_args(shape, q.rows, k.rows, q0, valid_len, scale);
+    auto doc = doc_starts(mask, q.rows);
+    const auto a = attn_args(shape, q.rows, k.rows, mask, doc.data(), scale);
     const index_t hd = shape.head_dim;
     // fp32 lse: the saved one (float storage) or recomputed (bf16 storage, see the top comment)
     const float* lse_f = nullptr;
@@ -479,11 +479,13 @@ requires(std::is_same_v<Storage, float> ||
   }
 
   static detail::cuda_k::attn_args attn_args(const attention_shape& s, index_t nq, index_t nk,
-                                             index_t q0, index_t valid_len, F scale) {
+                                             const attention_mask& m, const index_t* doc, F scale) {
     detail::cuda_k::attn_args a;
     a.nq = nq;
-    a.kmax = std::min(nk, valid_len);
-    a.q0 = q0;
+    a.kmax = std::min(nk, m.valid_len);
+    a.q0 = m.q0;
+    a.window = m.window;
+    a.doc = doc;
     a.heads = s.heads;
     a.group = s.heads / s.kv_heads;
     a.hd = s.head_dim;
@@ -491,13 +493,21 @@ requires(std::is_same_v<Storage, float> ||
     return a;
   }
 
-  /// (query, key, head) triples the kernels compute: sum_i min(q0 + i + 1, nk, valid_len).
-  static double visible_triples(const attention_shape& s, index_t nq, index_t nk, index_t q0,
-                                index_t valid_len) {
-    const index_t kmax = std::min(nk, valid_len);
+  /// (query, key, head) triples the kernels compute: the keys of each row under the mask.
+  static double visible_triples(const attention_shape& s, index_t nq, index_t nk,
+                                const attention_mask& m) {
     double t = 0;
-    for (index_t i = 0; i < nq; ++i) t += static_cast<double>(std::min(q0 + i + 1, kmax));
+    for (index_t i = 0; i < nq; ++i)
+      t += static_cast<double>(m.last_key(m.q0 + i, nk) - m.begin_key(m.q0 + i, nk) + 1);
     return t * static_cast<double>(s.heads);
+  }
+
+  /// doc_start of positions [0, q0 + nq) in device memory (empty when the mask has none).
+  detail::cuda_buffer<std::int64_t> doc_starts(const attention_mask& m, index_t nq) {
+    if (m.doc_start.empty()) return {};
+    const auto n = static_cast<std::size_t>(m.q0 + nq);
+    std::vector<std::int64_t> host(m.doc_start.begin(), m.doc_start.begin() + n);
+    return to_device(std::span<const std::int64_t>(host));
   }
 
   /// A host span copied into a counted device buffer (freed stream-ordered after use).
@@ -515,12 +525,22 @@ requires(std::is_same_v<Storage, float> ||
     launched("dense kernel");
   }
 
-  void rope(matrix_view<S> x, index_t heads, index_t hd, index_t pos0, double theta, double sign) {
+  void rope(matrix_view<S> x, index_t heads, index_t hd, const rope_args& r, double sign) {
     if (x.rows == 0) return;
     ctx_.ensure();
+    std::vector<double> freq(static_cast<std::size_t>(hd / 2));
+    for (index_t k = 0; k < hd / 2; ++k) freq[static_cast<std::size_t>(k)] = r.frequency(k, hd);
+    auto dfreq = allocate<double>(hd / 2);
+    upload(std::span<const double>(freq), dfreq.span());
+    detail::cuda_buffer<std::int64_t> dpos;
+    if (!r.positions.empty()) {
+      std::vector<std::int64_t> pos(r.positions.begin(), r.positions.end());
+      dpos = to_device(std::span<const std::int64_t>(pos));
+    }
     detail::cuda_k::rope_kernel<S>
         <<<elementwise_grid(x.rows * heads * (hd / 2)), 256, 0, ctx_.stream()>>>(
-            x.data, x.stride, x.rows, heads, hd, pos0, theta, sign);
+            x.data, x.stride, x.rows, heads, hd, r.pos0, dpos.data(), dfreq.data(),
+            r.attention_scaling, sign);
     launched(sign > 0 ? "rope_forward" : "rope_backward");
   }
 

@@ -6,9 +6,10 @@
 //    accepted everywhere); large ones are split into blocks of C across oneTBB workers, since
 //    Eigen's own GEMM is multithreaded only under OpenMP (detail/eigen_gemm.hpp).
 //  - Causal attention is flash style (FlashAttention-2, Dao 2023): tiles of queries x keys with
-//    an online softmax, only the per-row log-sum-exp saved, tiles above the diagonal or past the
-//    valid length never computed, Eigen GEMMs on the tiles, GQA without replicating K/V
-//    (detail/eigen_attention.hpp, which also documents the parallel backward).
+//    an online softmax, only the per-row log-sum-exp saved, tiles above the diagonal, past the
+//    valid length, before a sliding window or outside a document never computed, Eigen GEMMs on the
+//    tiles, GQA without replicating K/V (detail/eigen_attention.hpp, which also documents the
+//    parallel backward).
 //  - Row-wise kernels (RMSNorm, RoPE, SwiGLU, embedding, cross-entropy, optimizer updates) are
 //    vectorised Eigen array expressions, parallel over rows; their reductions over rows run in a
 //    fixed order, so results do not depend on the thread count.
@@ -200,19 +201,19 @@ class eigen_backend : public detail::host_storage<T> {
 
   // ---- RoPE ----------------------------------------------------------------------------------
 
-  /// Rotates x (n, heads * head_dim) in place, row i at position pos0 + i (HF rotate-half).
-  void rope_forward(matrix_view<T> x, index_t heads, index_t head_dim, index_t pos0, double theta) {
+  /// Rotates x (n, heads * head_dim) in place, row i at position r.position(i) (HF
+  /// rotate-half, frequencies r.frequency(k), cos and sin times r.attention_scaling).
+  void rope_forward(matrix_view<T> x, index_t heads, index_t head_dim, const rope_args& r) {
     arena_.run([&] {
-      detail::check_rope("rope_forward", x, heads, head_dim, pos0, theta);
-      detail::rope(x, heads, head_dim, pos0, theta, +1);
+      detail::check_rope("rope_forward", x, heads, head_dim, r);
+      detail::rope(x, heads, head_dim, r, +1);
     });
   }
-  /// The adjoint of rope_forward (rotation by -angle), in place on the gradient.
-  void rope_backward(matrix_view<T> dx, index_t heads, index_t head_dim, index_t pos0,
-                     double theta) {
+  /// The adjoint of rope_forward (rotation by -angle, same scaling), in place on the gradient.
+  void rope_backward(matrix_view<T> dx, index_t heads, index_t head_dim, const rope_args& r) {
     arena_.run([&] {
-      detail::check_rope("rope_backward", dx, heads, head_dim, pos0, theta);
-      detail::rope(dx, heads, head_dim, pos0, theta, -1);
+      detail::check_rope("rope_backward", dx, heads, head_dim, r);
+      detail::rope(dx, heads, head_dim, r, -1);
     });
   }
 
@@ -236,14 +237,15 @@ class eigen_backend : public detail::host_storage<T> {
 
   // ---- attention -----------------------------------------------------------------------------
 
-  /// Causal flash attention of Q rows (positions q0 + r) against keys [0, min(K.rows,
-  /// valid_len)): O (nq, heads*hd), lse (nq, heads). Never stores an (nq x nk) score matrix.
+  /// Causal flash attention of Q rows (positions mask.q0 + r) against keys [0, K.rows) under
+  /// the mask (valid_len, window, documents): O (nq, heads*hd), lse (nq, heads). Never stores
+  /// an (nq x nk) score matrix; tiles outside every row's key interval are never computed.
   void attention_forward(attention_shape shape, matrix_view<const T> q, matrix_view<const T> k,
-                         matrix_view<const T> v, index_t q0, index_t valid_len, T scale,
+                         matrix_view<const T> v, const attention_mask& mask, T scale,
                          matrix_view<T> o, matrix_view<T> lse) {
     arena_.run([&] {
-      detail::check_attention_forward(shape, q, k, v, q0, valid_len, scale, o, lse);
-      const auto pb = problem(shape, q, k, v, q0, valid_len, scale);
+      detail::check_attention_forward(shape, q, k, v, mask, scale, o, lse);
+      const detail::attention_problem<T> pb{shape, q, k, v, mask, scale};
       const auto elements = detail::attention_forward(pb, o, lse, tiling(), memory_);
       ++stats_.attention_forward_calls;
       stats_.attention_flops +=
@@ -255,12 +257,11 @@ class eigen_backend : public detail::host_storage<T> {
   /// O, dO (nq, heads*hd) and lse (nq, heads) of the forward. Recomputes the score tiles.
   void attention_backward(attention_shape shape, matrix_view<const T> q, matrix_view<const T> k,
                           matrix_view<const T> v, matrix_view<const T> o, matrix_view<const T> d_o,
-                          matrix_view<const T> lse, index_t q0, index_t valid_len, T scale,
+                          matrix_view<const T> lse, const attention_mask& mask, T scale,
                           matrix_view<T> dq, matrix_view<T> dk, matrix_view<T> dv) {
     arena_.run([&] {
-      detail::check_attention_backward(shape, q, k, v, o, d_o, lse, q0, valid_len, scale, dq, dk,
-                                       dv);
-      const auto pb = problem(shape, q, k, v, q0, valid_len, scale);
+      detail::check_attention_backward(shape, q, k, v, o, d_o, lse, mask, scale, dq, dk, dv);
+      const detail::attention_problem<T> pb{shape, q, k, v, mask, scale};
       const auto work = detail::attention_backward(pb, o, d_o, lse, dq, dk, dv, tiling(), memory_);
       ++stats_.attention_backward_calls;
       // Tile GEMM flops actually done: key-major pass 5 products (4 without dQ), query-major 3.
@@ -319,12 +320,6 @@ class eigen_backend : public detail::host_storage<T> {
   detail::attention_tiling tiling() const {
     return {options_.attention_tile_q, options_.attention_tile_k, options_.attention_backward,
             options_.attention_partials_max_bytes};
-  }
-
-  static detail::attention_problem<T> problem(attention_shape shape, matrix_view<const T> q,
-                                              matrix_view<const T> k, matrix_view<const T> v,
-                                              index_t q0, index_t valid_len, T scale) {
-    return {shape, q, k, v, q0, std::min(k.rows, valid_len), scale};
   }
 
   using detail::host_storage<T>::memory_;

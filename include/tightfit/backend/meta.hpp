@@ -89,18 +89,18 @@ class meta_backend {
   void rmsnorm_forward(matrix_view<const T>, std::span<const T>, T, matrix_view<T>, std::span<T>) {}
   void rmsnorm_backward(matrix_view<const T>, std::span<const T>, std::span<const T>,
                         matrix_view<const T>, matrix_view<T>, std::span<T>) {}
-  void rope_forward(matrix_view<T>, index_t, index_t, index_t, double) {}
-  void rope_backward(matrix_view<T>, index_t, index_t, index_t, double) {}
+  void rope_forward(matrix_view<T>, index_t, index_t, const rope_args&) {}
+  void rope_backward(matrix_view<T>, index_t, index_t, const rope_args&) {}
   void swiglu_forward(matrix_view<const T>, matrix_view<const T>, matrix_view<T>) {}
   void swiglu_backward(matrix_view<const T>, matrix_view<const T>, matrix_view<const T>,
                        matrix_view<T>, matrix_view<T>) {}
   void attention_forward(attention_shape, matrix_view<const T>, matrix_view<const T>,
-                         matrix_view<const T>, index_t, index_t, T, matrix_view<T>,
+                         matrix_view<const T>, const attention_mask&, T, matrix_view<T>,
                          matrix_view<T>) {}
   void attention_backward(attention_shape, matrix_view<const T>, matrix_view<const T>,
                           matrix_view<const T>, matrix_view<const T>, matrix_view<const T>,
-                          matrix_view<const T>, index_t, index_t, T, matrix_view<T>, matrix_view<T>,
-                          matrix_view<T>) {}
+                          matrix_view<const T>, const attention_mask&, T, matrix_view<T>,
+                          matrix_view<T>, matrix_view<T>) {}
   void xent_forward(matrix_view<const T>, std::span<const token_id>, T, std::span<T>,
                     std::span<T>) {}
   void xent_backward(matrix_view<T>, std::span<const token_id>, std::span<const T>,

@@ -19,8 +19,8 @@
 //    computed (query, key, head) triple (q.k and p*v);
 //  - attention_backward: attention_backward_calls += 1, attention_flops += 10*head_dim per
 //    computed triple (score recomputation q.k, then dO.v, dV += p*dO, dQ += ds*k, dK += ds*q).
-//  A triple is computed when the key is visible to the query (causal, valid_len, K.rows):
-//  masked pairs cost nothing.
+//  A triple is computed when the key is visible to the query (attention_mask: causal, window,
+//  document, valid_len, K.rows): masked pairs cost nothing.
 #pragma once
 
 #include <algorithm>
@@ -176,19 +176,19 @@ class reference_backend : public detail::host_storage<T> {
 
   // ---- RoPE ---------------------------------------------------------------------------------
 
-  /// In place on x (n, heads*head_dim): row i is position p = pos0 + i. For each head and
-  /// k < half = head_dim/2: angle = p * theta^(-2k/head_dim) (double), c = cos, s = sin;
+  /// In place on x (n, heads*head_dim): row i is at position p = r.position(i). For each head
+  /// and k < half = head_dim/2: angle = p * r.frequency(k) (double), c = a cos angle,
+  /// s = a sin angle with a = r.attention_scaling;
   /// x[k], x[k+half] <- x[k] c - x[k+half] s, x[k+half] c + x[k] s (HF rotate_half).
-  void rope_forward(matrix_view<T> x, index_t heads, index_t head_dim, index_t pos0, double theta) {
-    detail::check_rope("rope_forward", x, heads, head_dim, pos0, theta);
-    rope_loops(x, heads, head_dim, pos0, theta, 1.0);
+  void rope_forward(matrix_view<T> x, index_t heads, index_t head_dim, const rope_args& r) {
+    detail::check_rope("rope_forward", x, heads, head_dim, r);
+    rope_loops(x, heads, head_dim, r, 1.0);
   }
 
-  /// In place: dx <- R^T dx, the rotation of rope_forward by -angle (the exact gradient).
-  void rope_backward(matrix_view<T> dx, index_t heads, index_t head_dim, index_t pos0,
-                     double theta) {
-    detail::check_rope("rope_backward", dx, heads, head_dim, pos0, theta);
-    rope_loops(dx, heads, head_dim, pos0, theta, -1.0);
+  /// In place: dx <- R^T dx, the transpose of rope_forward (rotation by -angle, same scaling).
+  void rope_backward(matrix_view<T> dx, index_t heads, index_t head_dim, const rope_args& r) {
+    detail::check_rope("rope_backward", dx, heads, head_dim, r);
+    rope_loops(dx, heads, head_dim, r, -1.0);
   }
 
   // ---- SwiGLU -------------------------------------------------------------------------------
@@ -223,33 +223,35 @@ class reference_backend : public detail::host_storage<T> {
 
   /// Causal grouped-query attention of one sequence. Q (nq, heads*hd) holds positions
   /// q0..q0+nq-1; K, V (nk, kv_heads*hd) hold positions 0..nk-1. Query at position p, head h
-  /// attends keys j <= p, j < nk, j < valid_len through kv head h / (heads / kv_heads):
+  /// attends keys j in [mask.begin_key(p, nk), mask.last_key(p, nk)] (causal, window, document,
+  /// valid_len) through kv head h / (heads / kv_heads):
   /// s_j = scale * q.k_j, O row = softmax(s) V, lse(i, h) = log sum_j exp(s_j).
   /// O (nq, heads*hd), lse (nq, heads) are overwritten.
   void attention_forward(const attention_shape& shape, matrix_view<const T> q,
-                         matrix_view<const T> k, matrix_view<const T> v, index_t q0,
-                         index_t valid_len, T scale, matrix_view<T> o, matrix_view<T> lse) {
-    detail::check_attention_forward(shape, q, k, v, q0, valid_len, scale, o, lse);
+                         matrix_view<const T> k, matrix_view<const T> v, const attention_mask& mask,
+                         T scale, matrix_view<T> o, matrix_view<T> lse) {
+    detail::check_attention_forward(shape, q, k, v, mask, scale, o, lse);
     ++stats_.attention_forward_calls;
     const index_t hd = shape.head_dim, group = shape.heads / shape.kv_heads;
     std::vector<double> s(static_cast<std::size_t>(k.rows));  // (nk) scores of one row
     std::vector<double> acc(static_cast<std::size_t>(hd));    // (hd) output row of one head
     double triples = 0;
     for (index_t i = 0; i < q.rows; ++i) {
-      const index_t limit = visible_keys(q0 + i, k.rows, valid_len);
+      const index_t lo = mask.begin_key(mask.q0 + i, k.rows);
+      const index_t limit = mask.last_key(mask.q0 + i, k.rows) + 1;
       for (index_t h = 0; h < shape.heads; ++h) {
         const index_t qc = h * hd, kc = (h / group) * hd;  // column offsets in Q and K/V
         double mx = -std::numeric_limits<double>::infinity();
-        for (index_t j = 0; j < limit; ++j) {
+        for (index_t j = lo; j < limit; ++j) {
           const double sj = static_cast<double>(scale) * dot(q.row(i) + qc, k.row(j) + kc, hd);
           s[static_cast<std::size_t>(j)] = sj;
           mx = std::max(mx, sj);
         }
         double sum = 0;
-        for (index_t j = 0; j < limit; ++j) sum += std::exp(s[static_cast<std::size_t>(j)] - mx);
+        for (index_t j = lo; j < limit; ++j) sum += std::exp(s[static_cast<std::size_t>(j)] - mx);
         const double l = mx + std::log(sum);
         std::fill(acc.begin(), acc.end(), 0.0);
-        for (index_t j = 0; j < limit; ++j) {
+        for (index_t j = lo; j < limit; ++j) {
           const double p = std::exp(s[static_cast<std::size_t>(j)] - l);
           const T* vj = v.row(j) + kc;
           for (index_t c = 0; c < hd; ++c)
@@ -258,7 +260,7 @@ class reference_backend : public detail::host_storage<T> {
         for (index_t c = 0; c < hd; ++c)
           o(i, qc + c) = static_cast<T>(acc[static_cast<std::size_t>(c)]);
         lse(i, h) = static_cast<T>(l);
-        triples += static_cast<double>(limit);
+        triples += static_cast<double>(limit - lo);
       }
     }
     stats_.attention_flops += 4.0 * static_cast<double>(hd) * triples;
@@ -270,18 +272,18 @@ class reference_backend : public detail::host_storage<T> {
   /// (nk, kv_heads*hd) accumulate.
   void attention_backward(const attention_shape& shape, matrix_view<const T> q,
                           matrix_view<const T> k, matrix_view<const T> v, matrix_view<const T> o,
-                          matrix_view<const T> dout, matrix_view<const T> lse, index_t q0,
-                          index_t valid_len, T scale, matrix_view<T> dq, matrix_view<T> dk,
+                          matrix_view<const T> dout, matrix_view<const T> lse,
+                          const attention_mask& mask, T scale, matrix_view<T> dq, matrix_view<T> dk,
                           matrix_view<T> dv) {
-    detail::check_attention_backward(shape, q, k, v, o, dout, lse, q0, valid_len, scale, dq, dk,
-                                     dv);
+    detail::check_attention_backward(shape, q, k, v, o, dout, lse, mask, scale, dq, dk, dv);
     ++stats_.attention_backward_calls;
     const index_t hd = shape.head_dim, group = shape.heads / shape.kv_heads;
     const auto sc = static_cast<double>(scale);
     std::vector<double> acc(static_cast<std::size_t>(hd));  // (hd) dQ row of one head
     double triples = 0;
     for (index_t i = 0; i < q.rows; ++i) {
-      const index_t limit = visible_keys(q0 + i, k.rows, valid_len);
+      const index_t lo = mask.begin_key(mask.q0 + i, k.rows);
+      const index_t limit = mask.last_key(mask.q0 + i, k.rows) + 1;
       for (index_t h = 0; h < shape.heads; ++h) {
         const index_t qc = h * hd, kc = (h / group) * hd;
         const T* qi = q.row(i) + qc;
@@ -289,7 +291,7 @@ class reference_backend : public detail::host_storage<T> {
         const double l = static_cast<double>(lse(i, h));
         const double dd = dot(doi, o.row(i) + qc, hd);  // D = dO . O
         std::fill(acc.begin(), acc.end(), 0.0);
-        for (index_t j = 0; j < limit; ++j) {
+        for (index_t j = lo; j < limit; ++j) {
           const T* kj = k.row(j) + kc;
           const T* vj = v.row(j) + kc;
           const double p = std::exp(sc * dot(qi, kj, hd) - l);
@@ -306,7 +308,7 @@ class reference_backend : public detail::host_storage<T> {
         T* dqi = dq.row(i) + qc;
         for (index_t c = 0; c < hd; ++c)
           dqi[c] = static_cast<T>(static_cast<double>(dqi[c]) + acc[static_cast<std::size_t>(c)]);
-        triples += static_cast<double>(limit);
+        triples += static_cast<double>(limit - lo);
       }
     }
     stats_.attention_flops += 10.0 * static_cast<double>(hd) * triples;
@@ -410,11 +412,6 @@ class reference_backend : public detail::host_storage<T> {
     return s;
   }
 
-  /// Number of keys visible to the query at position p: min(p + 1, nk, valid_len) >= 1.
-  static index_t visible_keys(index_t p, index_t nk, index_t valid_len) {
-    return std::min({p + 1, nk, valid_len});
-  }
-
   /// log sum_j exp(x_j / tau), stable.
   static double row_lse(const T* x, index_t n, double tau) {
     double mx = -std::numeric_limits<double>::infinity();
@@ -441,20 +438,20 @@ class reference_backend : public detail::host_storage<T> {
   }
 
   /// sign = +1 rotates by +angle (forward), -1 by -angle (backward, the transpose).
-  static void rope_loops(matrix_view<T> x, index_t heads, index_t hd, index_t pos0, double theta,
+  static void rope_loops(matrix_view<T> x, index_t heads, index_t hd, const rope_args& r,
                          double sign) {
     const index_t half = hd / 2;
+    const double a = r.attention_scaling;
     std::vector<double> inv_freq(static_cast<std::size_t>(half));  // (hd/2)
     for (index_t kk = 0; kk < half; ++kk)
-      inv_freq[static_cast<std::size_t>(kk)] =
-          std::pow(theta, -2.0 * static_cast<double>(kk) / static_cast<double>(hd));
+      inv_freq[static_cast<std::size_t>(kk)] = r.frequency(kk, hd);
     for (index_t i = 0; i < x.rows; ++i) {
-      const auto p = static_cast<double>(pos0 + i);
+      const auto p = static_cast<double>(r.position(i));
       for (index_t h = 0; h < heads; ++h) {
         T* xh = x.row(i) + h * hd;
         for (index_t kk = 0; kk < half; ++kk) {
           const double angle = p * inv_freq[static_cast<std::size_t>(kk)];
-          const double c = std::cos(angle), s = sign * std::sin(angle);
+          const double c = a * std::cos(angle), s = sign * a * std::sin(angle);
           const auto x1 = static_cast<double>(xh[kk]), x2 = static_cast<double>(xh[kk + half]);
           xh[kk] = static_cast<T>(x1 * c - x2 * s);
           xh[kk + half] = static_cast<T>(x2 * c + x1 * s);

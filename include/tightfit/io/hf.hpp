@@ -4,13 +4,15 @@
 // and the file). nn/hf_model.hpp builds on them: config.json <-> model_config, and parameter sets
 // loaded from / saved to checkpoints by their Hugging Face names.
 //
-// Supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM (by "architectures"[0], or
-// by "model_type" llama / qwen2 / qwen3). Refused with a message naming the option: other
-// architectures, rope_scaling other than the default rope, sliding-window attention,
-// mlp_bias true, hidden_act other than silu. Attention biases: Qwen2 always has biases on
-// q_proj / k_proj / v_proj (the config does not announce them; model_config::qkv_bias);
-// Llama and Qwen3 with attention_bias: true have them on q/k/v and o_proj (qkv_bias and
-// o_bias). A *.bias tensor the configuration does not call for is an error naming it.
+// Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM (by
+// "architectures"[0], or by "model_type" llama / mistral / qwen2 / qwen3), with rope_scaling
+// default / linear / dynamic / yarn / llama3, sliding windows and mlp_bias (nn/hf_model.hpp
+// reads them). Refused with a message naming the option: other architectures, other rope types,
+// unknown rope_scaling keys, partial_rotary_factor other than 1, hidden_act other than silu.
+// Attention biases: Qwen2 always has biases on q_proj / k_proj / v_proj (the config does not
+// announce them; model_config::qkv_bias); Llama and Qwen3 with attention_bias: true have them on
+// q/k/v and o_proj (qkv_bias and o_bias). A *.bias tensor the configuration does not call for is
+// an error naming it.
 //
 // A checkpoint is a directory with model.safetensors, or with model.safetensors.index.json
 // whose "weight_map" names the shard of each tensor (shards live beside the index). A tied
@@ -159,24 +161,10 @@ struct hf_architecture {
 };
 inline constexpr hf_architecture hf_architectures[] = {
     {"LlamaForCausalLM", "llama"},
+    {"MistralForCausalLM", "mistral"},
     {"Qwen2ForCausalLM", "qwen2"},
     {"Qwen3ForCausalLM", "qwen3"},
 };
-
-/// Refuses a rope_scaling / rope_parameters object whose type is not the default rope.
-inline void check_default_rope(const config_fields& f, const char* field) {
-  const nlohmann::json* v = f.find(field);
-  if (v == nullptr) return;
-  check(v->is_object(), f.source(), ": field \"", field, "\" is ", v->dump(),
-        ", expected an object or null");
-  std::string type = "default";
-  for (const char* key : {"rope_type", "type"}) {
-    auto it = v->find(key);
-    if (it != v->end() && it->is_string()) type = it->get<std::string>();
-  }
-  check(type == "default", f.source(), ": ", field, " of type \"", type,
-        "\" is not supported (only the default rope)");
-}
 
 }  // namespace io::detail
 

@@ -1,15 +1,36 @@
 // tightfit/nn/config.hpp: the configuration of a Llama / Qwen2 / Qwen3 decoder-only model.
 //
 // Field names are the Hugging Face config.json names. Invariants (checked by validate()):
-// every extent >= 1, num_attention_heads % num_key_value_heads == 0, eps > 0, theta > 0.
+// every extent >= 1, num_attention_heads % num_key_value_heads == 0, eps > 0, theta > 0, a known
+// rope_type with the parameters it needs, sliding_window >= 0 and one sliding_layers entry per
+// layer (or none).
 #pragma once
 
+#include <cmath>
 #include <string>
+#include <vector>
 
 #include "tightfit/core/error.hpp"
 #include "tightfit/core/types.hpp"
 
 namespace tightfit {
+
+/// Hugging Face rope_scaling (rope_parameters in transformers 5): how the inverse frequencies
+/// of RoPE are scaled. nn/rope.hpp computes them exactly as transformers' ROPE_INIT_FUNCTIONS.
+struct rope_scaling_config {
+  std::string rope_type = "default";  ///< default, linear, dynamic, yarn or llama3
+  double factor = 1;                  ///< linear, dynamic, yarn, llama3
+  /// llama3 (required) and yarn (0: max_position_embeddings): the pre-training context.
+  index_t original_max_position_embeddings = 0;
+  double low_freq_factor = 1;   ///< llama3
+  double high_freq_factor = 4;  ///< llama3
+  double attention_factor = 0;  ///< yarn: the scaling of cos and sin; 0: derived from factor
+  double beta_fast = 32;        ///< yarn
+  double beta_slow = 1;         ///< yarn
+  double mscale = 0;            ///< yarn (0: unset)
+  double mscale_all_dim = 0;    ///< yarn (0: unset)
+  bool truncate = true;         ///< yarn: round the correction range to whole dimensions
+};
 
 struct model_config {
   std::string architecture = "Qwen3ForCausalLM";  ///< Hugging Face "architectures"[0]
@@ -29,9 +50,24 @@ struct model_config {
   bool qkv_bias = false;
   /// A bias on o_proj (Llama / Qwen3 with attention_bias: true; never in Qwen2).
   bool o_bias = false;
+  /// Biases on gate_proj, up_proj and down_proj (Llama's mlp_bias).
+  bool mlp_bias = false;
+  /// max_position_embeddings of config.json (0: not given); dynamic and yarn rope need it.
+  index_t max_position_embeddings = 0;
+  rope_scaling_config rope_scaling;
+  /// Sliding-window attention: a query at p sees keys j with p - j < sliding_window (0: none).
+  index_t sliding_window = 0;
+  /// Which layers slide (Qwen2's max_window_layers, layer_types); empty: all of them.
+  std::vector<bool> sliding_layers;
 
   index_t q_width() const { return num_attention_heads * head_dim; }   ///< H * hd
   index_t kv_width() const { return num_key_value_heads * head_dim; }  ///< Hkv * hd
+  /// The attention window of layer l: sliding_window when the layer slides, else 0 (none).
+  index_t layer_window(index_t l) const {
+    if (sliding_window <= 0) return 0;
+    if (sliding_layers.empty()) return sliding_window;
+    return sliding_layers[static_cast<std::size_t>(l)] ? sliding_window : 0;
+  }
 
   /// Throws tightfit::error naming the first invalid field.
   void validate() const {
@@ -50,6 +86,42 @@ struct model_config {
     check(head_dim % 2 == 0, "model_config: head_dim is ", head_dim, ", expected an even number");
     check(rms_norm_eps > 0, "model_config: rms_norm_eps is ", rms_norm_eps, ", expected > 0");
     check(rope_theta > 0, "model_config: rope_theta is ", rope_theta, ", expected > 0");
+    check(max_position_embeddings >= 0, "model_config: max_position_embeddings is ",
+          max_position_embeddings, ", expected >= 0 (0: not given)");
+    check(sliding_window >= 0, "model_config: sliding_window is ", sliding_window,
+          ", expected >= 0 (0: none)");
+    check(
+        sliding_layers.empty() || static_cast<index_t>(sliding_layers.size()) == num_hidden_layers,
+        "model_config: sliding_layers has ", sliding_layers.size(), " entries, expected ",
+        num_hidden_layers, " (one per layer) or none");
+    const rope_scaling_config& r = rope_scaling;
+    const std::string& t = r.rope_type;
+    check(t == "default" || t == "linear" || t == "dynamic" || t == "yarn" || t == "llama3",
+          "model_config: rope_type \"", t,
+          "\" is not supported (supported: default, linear, dynamic, yarn, llama3)");
+    if (t == "default") return;
+    check(r.factor > 0 && std::isfinite(r.factor), "model_config: rope_scaling factor is ",
+          r.factor, ", expected a finite value > 0");
+    if (t == "dynamic" || (t == "yarn" && r.original_max_position_embeddings == 0))
+      check(max_position_embeddings >= 1, "model_config: rope_type \"", t,
+            "\" needs max_position_embeddings");
+    if (t == "llama3") {
+      check(r.original_max_position_embeddings >= 1,
+            "model_config: rope_type \"llama3\" needs original_max_position_embeddings");
+      check(r.low_freq_factor > 0 && r.high_freq_factor > r.low_freq_factor,
+            "model_config: llama3 low_freq_factor ", r.low_freq_factor, " and high_freq_factor ",
+            r.high_freq_factor, ", expected 0 < low < high");
+    }
+    if (t == "yarn") {
+      check(r.original_max_position_embeddings >= 0,
+            "model_config: rope_scaling original_max_position_embeddings is ",
+            r.original_max_position_embeddings, ", expected >= 0");
+      check(r.attention_factor >= 0 && std::isfinite(r.attention_factor),
+            "model_config: yarn attention_factor is ", r.attention_factor,
+            ", expected >= 0 (0: derived)");
+      check(r.beta_fast > 0 && r.beta_slow > 0, "model_config: yarn beta_fast ", r.beta_fast,
+            " and beta_slow ", r.beta_slow, ", expected > 0");
+    }
   }
 };
 

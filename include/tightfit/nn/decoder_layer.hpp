@@ -6,7 +6,12 @@
 //        RMSNorm of Q and K; the biases are optional (config.qkv_bias: Qwen2)
 //   Q, K = RoPE(Q, K)            O = causal GQA attention(Q, K, V)
 //   X2 = X + O Wo^T + bo         h2 = RMSNorm(X2; g2)        (bo optional: config.o_bias)
-//   Y  = X2 + (silu(h2 Wg^T) * (h2 Wu^T)) Wd^T
+//   Y  = X2 + (silu(h2 Wg^T + bg) * (h2 Wu^T + bu)) Wd^T + bd  (MLP biases: config.mlp_bias)
+//
+// RoPE uses the frequencies of nn/rope.hpp (Hugging Face rope_scaling) at each row's position:
+// t, or position_ids[t] for packed sequences (sequence_batch). Attention is causal, limited to
+// the layer's sliding window (config.layer_window) and, for packed sequences, to the query's
+// own document (attention_mask::doc_start = t - position_ids[t]).
 //
 // Invariants of the backward: K and V of all positions are computed once per layer
 // (begin_backward) and never replicated per query head; chunks run last to first, so when chunk
@@ -17,8 +22,10 @@
 // transpose.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -26,6 +33,7 @@
 #include "tightfit/nn/config.hpp"
 #include "tightfit/nn/layer.hpp"
 #include "tightfit/nn/parameters.hpp"
+#include "tightfit/nn/rope.hpp"
 
 namespace tightfit {
 
@@ -33,9 +41,10 @@ namespace tightfit {
 struct decoder_layer_params {
   std::size_t input_norm = 0, q_proj = 0, k_proj = 0, v_proj = 0, o_proj = 0, post_norm = 0;
   std::size_t gate_proj = 0, up_proj = 0, down_proj = 0;
-  std::size_t q_norm = 0, k_norm = 0;              ///< only with config.qk_norm
-  std::size_t q_bias = 0, k_bias = 0, v_bias = 0;  ///< only with config.qkv_bias
-  std::size_t o_bias = 0;                          ///< only with config.o_bias
+  std::size_t q_norm = 0, k_norm = 0;                     ///< only with config.qk_norm
+  std::size_t q_bias = 0, k_bias = 0, v_bias = 0;         ///< only with config.qkv_bias
+  std::size_t o_bias = 0;                                 ///< only with config.o_bias
+  std::size_t gate_bias = 0, up_bias = 0, down_bias = 0;  ///< only with config.mlp_bias
 
   /// The Hugging Face name prefix of layer l: "model.layers.<l>.".
   static std::string prefix(index_t l) { return hf_names::layer_prefix(l); }
@@ -70,6 +79,11 @@ inline std::vector<decoder_param_row> decoder_layer_table(const model_config& c)
   t.push_back({{"mlp.gate_proj.weight", {f, d}}, &P::gate_proj});
   t.push_back({{"mlp.up_proj.weight", {f, d}}, &P::up_proj});
   t.push_back({{"mlp.down_proj.weight", {d, f}}, &P::down_proj});
+  if (c.mlp_bias) {
+    t.push_back({{"mlp.gate_proj.bias", {f}}, &P::gate_bias});
+    t.push_back({{"mlp.up_proj.bias", {f}}, &P::up_bias});
+    t.push_back({{"mlp.down_proj.bias", {d}}, &P::down_bias});
+  }
   return t;
 }
 
@@ -82,7 +96,11 @@ class decoder_layer {
   using buffer = buffer_t<B>;
 
   decoder_layer(parameter_set<B>& params, const model_config& config, index_t layer_index)
-      : params_(&params), cfg_(config), index_(layer_index) {
+      : params_(&params),
+        cfg_(config),
+        index_(layer_index),
+        window_(config.layer_window(layer_index)),
+        rope_(rope_init(config, config.max_position_embeddings)) {
     const std::string p = hf_names::layer_prefix(layer_index);
     for (const auto& row : decoder_layer_table(cfg_)) ids_.*row.slot = params.at(p + row.spec.name);
   }
@@ -103,6 +121,7 @@ class decoder_layer {
                index_t chunk, bool keep) {
     check_rows("forward", seq, x, y);
     check(chunk >= 1, "decoder_layer::forward: chunk is ", chunk, ", expected >= 1");
+    prepare(seq);
     const index_t t = seq.seq_len;
     if (keep) chunk = t;
     kv_state kv = make_kv(be, seq.rows());
@@ -117,6 +136,7 @@ class decoder_layer {
       be.copy(a.x2.view(yv.rows, yv.cols), yv);
       be.gemm(transpose::no, transpose::yes, A(1), a.act.view(yv.rows, cfg_.intermediate_size),
               weight(ids_.down_proj, cfg_.hidden_size, cfg_.intermediate_size), A(1), yv);
+      if (cfg_.mlp_bias) add_bias(be, ids_.down_bias, yv);
       scatter_rows(be, seq, c0, c1, matrix_view<const T>(yv), y);
       if (keep) kept_acts_.emplace(std::move(a));
     }
@@ -128,6 +148,7 @@ class decoder_layer {
   void begin_backward(B& be, const sequence_batch& seq, matrix_view<const T> x, index_t chunk,
                       layer_grad_mode /*mode*/) {
     check_extent("decoder_layer::begin_backward", "x.rows", x.rows, seq.rows());
+    prepare(seq);
     if (kept_kv_) {
       kv_ = std::move(*kept_kv_);
       kept_kv_.reset();
@@ -249,6 +270,37 @@ class decoder_layer {
     return kv;
   }
 
+  /// Per-batch state from the batch layout: document starts (packed sequences) and, for dynamic
+  /// rope, the frequencies of the batch's largest position.
+  void prepare(const sequence_batch& seq) {
+    seq.validate();
+    doc_start_.clear();
+    index_t longest = seq.seq_len;
+    if (!seq.position_ids.empty()) {
+      doc_start_.resize(static_cast<std::size_t>(seq.rows()));
+      longest = 0;
+      for (index_t r = 0; r < seq.rows(); ++r) {
+        const index_t pos = seq.position_ids[static_cast<std::size_t>(r)];
+        doc_start_[static_cast<std::size_t>(r)] = r % seq.seq_len - pos;
+        longest = std::max(longest, pos + 1);
+      }
+    }
+    if (cfg_.rope_scaling.rope_type == "dynamic") rope_ = rope_init(cfg_, longest);
+  }
+
+  /// The attention mask of sequence b's queries from position c0 on (keys [0, c1)).
+  attention_mask mask_of(const sequence_batch& seq, index_t b, index_t c0) const {
+    attention_mask m;
+    m.q0 = c0;
+    m.valid_len = seq.length(b);
+    m.window = window_;
+    if (!doc_start_.empty())
+      m.doc_start = std::span<const index_t>(doc_start_)
+                        .subspan(static_cast<std::size_t>(b * seq.seq_len),
+                                 static_cast<std::size_t>(seq.seq_len));
+    return m;
+  }
+
   /// Gathers the chunk's input rows and computes h1 = RMSNorm(x).
   chunk_acts make_acts(B& be, const sequence_batch& seq, matrix_view<const T> x, index_t c0,
                        index_t c1) const {
@@ -277,10 +329,15 @@ class decoder_layer {
     const index_t c = c1 - c0;
     for (index_t b = 0; b < seq.batch; ++b) {
       auto rows = m.row_range(b * c, (b + 1) * c);
+      const rope_args r = seq.position_ids.empty()
+                              ? rope_.args(c0)
+                              : rope_.args(0, seq.position_ids.subspan(
+                                                  static_cast<std::size_t>(b * seq.seq_len + c0),
+                                                  static_cast<std::size_t>(c)));
       if (backward)
-        be.rope_backward(rows, heads, cfg_.head_dim, c0, cfg_.rope_theta);
+        be.rope_backward(rows, heads, cfg_.head_dim, r);
       else
-        be.rope_forward(rows, heads, cfg_.head_dim, c0, cfg_.rope_theta);
+        be.rope_forward(rows, heads, cfg_.head_dim, r);
     }
   }
 
@@ -347,8 +404,9 @@ class decoder_layer {
     for (index_t b = 0; b < seq.batch; ++b) {
       auto keys = kv.k.view(seq.rows(), kvw).row_range(b * t, b * t + c1);
       auto vals = kv.v.view(seq.rows(), kvw).row_range(b * t, b * t + c1);
-      be.attention_forward(shape, a.q.view(n, qw).row_range(b * c, (b + 1) * c), keys, vals, c0,
-                           seq.length(b), scale, a.o.view(n, qw).row_range(b * c, (b + 1) * c),
+      be.attention_forward(shape, a.q.view(n, qw).row_range(b * c, (b + 1) * c), keys, vals,
+                           mask_of(seq, b, c0), scale,
+                           a.o.view(n, qw).row_range(b * c, (b + 1) * c),
                            a.lse.view(n, h).row_range(b * c, (b + 1) * c));
     }
     // x2 = x + o Wo^T
@@ -369,6 +427,10 @@ class decoder_layer {
             A(0), a.gate.view(n, f));
     be.gemm(transpose::no, transpose::yes, A(1), a.h2.view(n, d), weight(ids_.up_proj, f, d), A(0),
             a.up.view(n, f));
+    if (cfg_.mlp_bias) {
+      add_bias(be, ids_.gate_bias, a.gate.view(n, f));
+      add_bias(be, ids_.up_bias, a.up.view(n, f));
+    }
     be.swiglu_forward(a.gate.view(n, f), a.up.view(n, f), a.act.view(n, f));
   }
 
@@ -390,9 +452,11 @@ class decoder_layer {
         buffer dact = be.template allocate<T>(n * f);  // (n, f)
         be.gemm(transpose::no, transpose::no, A(1), dx2.view(n, d), weight(ids_.down_proj, d, f),
                 A(0), dact.view(n, f));
-        if (wg)
+        if (wg) {
           be.gemm(transpose::yes, transpose::no, A(1), dx2.view(n, d), a.act.view(n, f), A(1),
                   grad(ids_.down_proj, d, f));
+          if (cfg_.mlp_bias) add_bias_grad(be, ids_.down_bias, dx2.view(n, d));
+        }
         a.act.reset();
         buffer dgate = be.template allocate<T>(n * f);  // (n, f)
         buffer dup = be.template allocate<T>(n * f);    // (n, f)
@@ -410,6 +474,10 @@ class decoder_layer {
                   grad(ids_.gate_proj, f, d));
           be.gemm(transpose::yes, transpose::no, A(1), dup.view(n, f), a.h2.view(n, d), A(1),
                   grad(ids_.up_proj, f, d));
+          if (cfg_.mlp_bias) {
+            add_bias_grad(be, ids_.gate_bias, dgate.view(n, f));
+            add_bias_grad(be, ids_.up_bias, dup.view(n, f));
+          }
         }
       }
       be.rmsnorm_backward(a.x2.view(n, d), vec(ids_.post_norm), a.rstd2.span(), dh2.view(n, d),
@@ -436,7 +504,7 @@ class decoder_layer {
         auto vals = kv_->v.view(rows, kvw).row_range(b * t, b * t + c1);
         be.attention_backward(shape, a.q.view(n, qw).row_range(r0, r1), keys, vals,
                               a.o.view(n, qw).row_range(r0, r1), dout.view(n, qw).row_range(r0, r1),
-                              a.lse.view(n, h).row_range(r0, r1), c0, seq.length(b), scale,
+                              a.lse.view(n, h).row_range(r0, r1), mask_of(seq, b, c0), scale,
                               dq.view(n, qw).row_range(r0, r1),
                               kv_->dk.view(rows, kvw).row_range(b * t, b * t + c1),
                               kv_->dv.view(rows, kvw).row_range(b * t, b * t + c1));
@@ -504,6 +572,9 @@ class decoder_layer {
   parameter_set<B>* params_;
   model_config cfg_;
   index_t index_;
+  index_t window_ = 0;              // this layer's sliding window (0: none)
+  rope_frequencies rope_;           // RoPE frequencies (dynamic: of the current batch)
+  std::vector<index_t> doc_start_;  // (B*T) t - position_ids[t] for packed batches, else empty
   decoder_layer_params ids_{};
   std::optional<kv_state> kv_;
   std::optional<chunk_acts> kept_acts_;

@@ -2,10 +2,19 @@
 // weights / gradients of a parameter set by their Hugging Face names, over the formats of
 // io/hf.hpp and io/safetensors.hpp.
 //
-// Supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM (by "architectures"[0], or
-// by "model_type" llama / qwen2 / qwen3). Refused with a message naming the option: other
-// architectures, rope_scaling other than the default rope, sliding-window attention,
-// mlp_bias true, hidden_act other than silu. Attention biases: Qwen2 always has biases on
+// Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM (by
+// "architectures"[0], or by "model_type" llama / mistral / qwen2 / qwen3), with
+//  - rope_scaling (or transformers 5's rope_parameters) of rope_type default, linear, dynamic,
+//    yarn or llama3 and their parameters (nn/rope.hpp computes the frequencies);
+//  - sliding windows: Mistral's sliding_window (every layer), Qwen2 / Qwen3's use_sliding_window
+//    with sliding_window and max_window_layers (layers l >= max_window_layers slide), or an
+//    explicit layer_types list of "sliding_attention" / "full_attention";
+//  - Llama's mlp_bias (biases on gate_proj, up_proj, down_proj).
+// Refused with a message naming the option: other architectures, other rope types, a
+// rope_scaling key tightfit does not know, partial_rotary_factor other than 1, a yarn
+// original_max_position_embeddings whose ratio to max_position_embeddings is not the factor
+// (transformers versions disagree on which one wins), hidden_act other than silu. Attention
+// biases: Qwen2 always has biases on
 // q_proj / k_proj / v_proj (the config does not announce them; model_config::qkv_bias);
 // Llama and Qwen3 with attention_bias: true have them on q/k/v and o_proj (qkv_bias and
 // o_bias). A *.bias tensor the configuration does not call for is an error naming it.
@@ -17,6 +26,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <filesystem>
 #include <fstream>
@@ -70,10 +80,121 @@ inline std::optional<std::uint64_t> hf_parameter_count(const model_config& c) {
   if (c.qk_norm) layer = add(layer, checked_product({2, u(c.head_dim)}));
   if (c.qkv_bias) layer = add(layer, add(*q, checked_product({2, *kv})));
   if (c.o_bias) layer = add(layer, d);
+  if (c.mlp_bias) layer = add(layer, add(checked_product({2, f}), d));
   auto total = add(checked_product({c.tie_word_embeddings ? 1u : 2u, u(c.vocab_size), d}), d);
   if (!layer) return std::nullopt;
   return add(total, checked_product({u(c.num_hidden_layers), *layer}));
 }
+
+namespace detail {
+
+/// rope_scaling, or transformers 5's rope_parameters (which also holds rope_theta), into
+/// c.rope_scaling; a type or key tightfit does not know is an error naming it.
+inline void parse_rope_scaling(const io::detail::config_fields& f, model_config& c) {
+  const std::string& src = f.source();
+  for (const char* field : {"rope_scaling", "rope_parameters"}) {
+    const nlohmann::json* v = f.find(field);
+    if (v == nullptr) continue;
+    check(v->is_object(), src, ": field \"", field, "\" is ", v->dump(),
+          ", expected an object or null");
+    rope_scaling_config r;
+    for (const char* key : {"rope_type", "type"}) {
+      auto it = v->find(key);
+      if (it == v->end()) continue;
+      check(it->is_string(), src, ": ", field, ".", key, " is ", it->dump(), ", expected a name");
+      r.rope_type = it->get<std::string>();
+    }
+    const std::string& t = r.rope_type;
+    check(t == "default" || t == "linear" || t == "dynamic" || t == "yarn" || t == "llama3", src,
+          ": ", field, " of type \"", t,
+          "\" is not supported (supported: default, linear, dynamic, yarn, llama3)");
+    // the keys each type reads (transformers' _validate_*_rope_parameters), plus rope_theta
+    std::set<std::string> known{"rope_type", "type", "rope_theta"};
+    if (t != "default") known.insert("factor");
+    if (t == "dynamic") known.insert("original_max_position_embeddings");
+    if (t == "yarn")
+      known.insert({"original_max_position_embeddings", "attention_factor", "beta_fast",
+                    "beta_slow", "mscale", "mscale_all_dim", "truncate"});
+    if (t == "llama3")
+      known.insert({"original_max_position_embeddings", "low_freq_factor", "high_freq_factor"});
+    for (auto it = v->begin(); it != v->end(); ++it)
+      check(known.contains(it.key()), src, ": ", field, " key \"", it.key(),
+            "\" is not supported for rope_type \"", t, "\"");
+    auto number = [&](const char* key, double fallback, bool required = false) {
+      auto it = v->find(key);
+      if (it == v->end() || it->is_null()) {
+        check(!required, src, ": ", field, " of type \"", t, "\" needs \"", key, "\"");
+        return fallback;
+      }
+      check(it->is_number(), src, ": ", field, ".", key, " is ", it->dump(), ", expected a number");
+      return it->get<double>();
+    };
+    if (t != "default") r.factor = number("factor", 1.0, true);
+    if (t == "llama3") {
+      r.low_freq_factor = number("low_freq_factor", 1.0, true);
+      r.high_freq_factor = number("high_freq_factor", 4.0, true);
+    }
+    if (t == "llama3" || t == "yarn") {
+      const double o = number("original_max_position_embeddings", 0.0, t == "llama3");
+      check(o >= 0 && o <= 1099511627776.0 && o == std::floor(o), src, ": ", field,
+            ".original_max_position_embeddings is ", o, ", expected a positive integer");
+      r.original_max_position_embeddings = static_cast<index_t>(o);
+    }
+    if (t == "yarn") {
+      r.attention_factor = number("attention_factor", 0.0);
+      r.beta_fast = number("beta_fast", 32.0);
+      r.beta_slow = number("beta_slow", 1.0);
+      r.mscale = number("mscale", 0.0);
+      r.mscale_all_dim = number("mscale_all_dim", 0.0);
+      if (auto it = v->find("truncate"); it != v->end() && !it->is_null()) {
+        check(it->is_boolean(), src, ": ", field, ".truncate is ", it->dump(),
+              ", expected true or false");
+        r.truncate = it->get<bool>();
+      }
+      const index_t o = r.original_max_position_embeddings, m = c.max_position_embeddings;
+      check(o == 0 || m == 0 || static_cast<double>(m) == r.factor * static_cast<double>(o), src,
+            ": yarn factor ", r.factor, " is not max_position_embeddings ", m,
+            " / original_max_position_embeddings ", o,
+            " (transformers versions differ on which one wins; not supported)");
+    }
+    if (std::string(field) == "rope_parameters" && t == "default" &&
+        c.rope_scaling.rope_type != "default")
+      continue;  // rope_scaling already said more
+    c.rope_scaling = r;
+  }
+}
+
+/// The sliding window of the layers (Mistral: sliding_window on every layer; Qwen2 / Qwen3:
+/// use_sliding_window, sliding_window, max_window_layers; any: layer_types).
+inline void parse_sliding_window(const io::detail::config_fields& f, model_config& c, bool mistral,
+                                 bool qwen) {
+  const std::string& src = f.source();
+  const index_t window = f.find("sliding_window") != nullptr ? f.positive_int("sliding_window") : 0;
+  if (mistral) c.sliding_window = window;
+  if (qwen && f.boolean("use_sliding_window", false)) {
+    check(window >= 1, src, ": use_sliding_window is true but sliding_window is not given");
+    c.sliding_window = window;
+    const index_t first = f.find("max_window_layers") != nullptr
+                              ? f.positive_int("max_window_layers")
+                              : index_t{28};  // transformers' default
+    c.sliding_layers.assign(static_cast<std::size_t>(c.num_hidden_layers), false);
+    for (index_t l = first; l < c.num_hidden_layers; ++l)
+      c.sliding_layers[static_cast<std::size_t>(l)] = true;
+  }
+  if (const nlohmann::json* lt = f.find("layer_types")) {
+    check(lt->is_array() && static_cast<index_t>(lt->size()) == c.num_hidden_layers, src,
+          ": field \"layer_types\" is ", lt->dump(), ", expected a list of ", c.num_hidden_layers,
+          " names (one per layer)");
+    c.sliding_layers.clear();
+    for (const auto& t : *lt) {
+      check(t == "full_attention" || t == "sliding_attention", src, ": layer_types holds ",
+            t.dump(), ", expected \"full_attention\" or \"sliding_attention\"");
+      c.sliding_layers.push_back(t == "sliding_attention");
+    }
+  }
+}
+
+}  // namespace detail
 
 /// Reads a Hugging Face config.json (a file, or a directory holding config.json) of a
 /// LlamaForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM model. Throws tightfit::error naming
@@ -103,13 +224,14 @@ inline model_config parse_hf_config(std::string_view text, const std::string& sr
     for (const auto& known : io::detail::hf_architectures)
       if (*model_type == known.model_type) arch = known.architecture;
     check(!arch.empty(), src, ": model_type \"", *model_type,
-          "\" is not supported (supported: llama, qwen2, qwen3)");
+          "\" is not supported (supported: llama, mistral, qwen2, qwen3)");
   }
   const io::detail::hf_architecture* kind = nullptr;
   for (const auto& known : io::detail::hf_architectures)
     if (arch == known.architecture) kind = &known;
   check(kind != nullptr, src, ": architecture \"", arch,
-        "\" is not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)");
+        "\" is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+        "Qwen3ForCausalLM)");
   check(!model_type || *model_type == kind->model_type, src, ": model_type \"",
         model_type.value_or(""), "\" does not match architecture \"", arch, "\" (expected \"",
         kind->model_type, "\")");
@@ -147,25 +269,26 @@ inline model_config parse_hf_config(std::string_view text, const std::string& sr
   // Attention biases as the transformers modules create them: Qwen2 q/k/v always (its
   // attention_bias field, when present, is ignored by transformers), Llama / Qwen3 q/k/v/o
   // when attention_bias is true.
-  const bool attention_bias = !qwen2 && f.boolean("attention_bias", false);
+  // (Mistral's modules have no biases whatever the config says.)
+  const bool attention_bias =
+      !qwen2 && arch != "MistralForCausalLM" && f.boolean("attention_bias", false);
   c.qkv_bias = qwen2 || attention_bias;
   c.o_bias = attention_bias;
+
+  if (f.find("max_position_embeddings") != nullptr)
+    c.max_position_embeddings = f.positive_int("max_position_embeddings");
+  const bool llama = arch == "LlamaForCausalLM", mistral = arch == "MistralForCausalLM";
+  c.mlp_bias = llama && f.boolean("mlp_bias", false);
+  detail::parse_rope_scaling(f, c);
+  detail::parse_sliding_window(f, c, mistral,
+                               arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM");
 
   // Unsupported options.
   const std::string act = f.string("hidden_act").value_or("silu");
   check(act == "silu", src, ": hidden_act \"", act, "\" is not supported (expected \"silu\")");
-  io::detail::check_default_rope(f, "rope_scaling");
-  io::detail::check_default_rope(f, "rope_parameters");
-  check(!f.boolean("use_sliding_window", false), src,
-        ": sliding-window attention (use_sliding_window: true) is not supported");
-  if (const nlohmann::json* lt = f.find("layer_types")) {
-    check(lt->is_array(), src, ": field \"layer_types\" is ", lt->dump(), ", expected a list");
-    for (const auto& t : *lt)
-      check(t == "full_attention", src, ": layer_types holds ", t.dump(),
-            ", only \"full_attention\" layers are supported");
-  }
-  check(!f.boolean("mlp_bias", false), src,
-        ": mlp_bias: true is not supported (tightfit's MLP has no biases)");
+  const double partial = f.number("partial_rotary_factor", 1.0);
+  check(partial == 1.0, src, ": partial_rotary_factor ", partial,
+        " is not supported (RoPE rotates the whole head)");
 
   try {
     c.validate();
@@ -191,7 +314,8 @@ inline void save_hf_config(const model_config& c, const std::filesystem::path& p
   for (const auto& known : io::detail::hf_architectures)
     if (c.architecture == known.architecture) kind = &known;
   check(kind != nullptr, "save_hf_config: architecture \"", c.architecture,
-        "\" is not supported (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)");
+        "\" is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+        "Qwen3ForCausalLM)");
   const bool qwen3 = c.architecture == "Qwen3ForCausalLM";
   const bool qwen2 = c.architecture == "Qwen2ForCausalLM";
   check(c.qk_norm == qwen3, "save_hf_config: qk_norm is ", c.qk_norm, ", but ", c.architecture,
@@ -218,11 +342,53 @@ inline void save_hf_config(const model_config& c, const std::filesystem::path& p
       {"tie_word_embeddings", c.tie_word_embeddings},
       {"hidden_act", "silu"},
   };
-  if (c.architecture == "LlamaForCausalLM") {
+  const bool llama = c.architecture == "LlamaForCausalLM";
+  const bool mistral = c.architecture == "MistralForCausalLM";
+  check(llama || !c.mlp_bias, "save_hf_config: mlp_bias is true, but only LlamaForCausalLM has it");
+  check(!mistral || (!c.qkv_bias && !c.o_bias),
+        "save_hf_config: MistralForCausalLM has no attention biases");
+  check(!llama || c.sliding_window == 0, "save_hf_config: sliding_window is ", c.sliding_window,
+        ", but LlamaForCausalLM has no sliding window");
+  if (c.max_position_embeddings > 0) j["max_position_embeddings"] = c.max_position_embeddings;
+  if (c.rope_scaling.rope_type != "default") {
+    const rope_scaling_config& r = c.rope_scaling;
+    nlohmann::json rs = {{"rope_type", r.rope_type}, {"factor", r.factor}};
+    if (r.original_max_position_embeddings > 0 && r.rope_type != "linear")
+      rs["original_max_position_embeddings"] = r.original_max_position_embeddings;
+    if (r.rope_type == "llama3") {
+      rs["low_freq_factor"] = r.low_freq_factor;
+      rs["high_freq_factor"] = r.high_freq_factor;
+    }
+    if (r.rope_type == "yarn") {
+      rs["beta_fast"] = r.beta_fast;
+      rs["beta_slow"] = r.beta_slow;
+      rs["truncate"] = r.truncate;
+      if (r.attention_factor > 0) rs["attention_factor"] = r.attention_factor;
+      if (r.mscale > 0) rs["mscale"] = r.mscale;
+      if (r.mscale_all_dim > 0) rs["mscale_all_dim"] = r.mscale_all_dim;
+    }
+    j["rope_scaling"] = rs;
+  }
+  if (c.sliding_window > 0 && !c.sliding_layers.empty()) {
+    auto types = nlohmann::json::array();
+    for (bool slides : c.sliding_layers)
+      types.push_back(slides ? "sliding_attention" : "full_attention");
+    j["layer_types"] = types;
+  }
+  if (llama) {
     j["attention_bias"] = c.o_bias;
-    j["mlp_bias"] = false;
+    j["mlp_bias"] = c.mlp_bias;
+  } else if (mistral) {
+    j["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nullptr;
   } else {
-    j["use_sliding_window"] = false;
+    j["use_sliding_window"] = c.sliding_window > 0;
+    if (c.sliding_window > 0) {
+      j["sliding_window"] = c.sliding_window;
+      j["max_window_layers"] = c.num_hidden_layers;  // layer_types says which layers slide
+      if (c.sliding_layers.empty())
+        j["layer_types"] = std::vector<std::string>(static_cast<std::size_t>(c.num_hidden_layers),
+                                                    "sliding_attention");
+    }
     if (qwen3) j["attention_bias"] = c.o_bias;
   }
   const fs::path file = io::detail::is_dir(path) ? path / "config.json" : path;

@@ -33,20 +33,41 @@
 namespace tightfit {
 
 /// B sequences of T positions with right padding: sequence b has `length(b)` valid positions.
+/// Packed (padding-free) sequences carry position_ids in the Hugging Face layout: each row holds
+/// several documents, positions restart at 0 at each one (0 1 2 0 1 0 1 2 3 ...); a document
+/// attends only to itself and RoPE rotates by the position within it.
 struct sequence_batch {
-  index_t batch = 1;                 ///< B
-  index_t seq_len = 0;               ///< T
-  std::span<const index_t> lengths;  ///< (B) valid lengths in [1, T]; empty: all T
+  index_t batch = 1;                        ///< B
+  index_t seq_len = 0;                      ///< T
+  std::span<const index_t> lengths{};       ///< (B) valid lengths in [1, T]; empty: all T
+  std::span<const index_t> position_ids{};  ///< (B*T) packed positions; empty: t
 
   index_t length(index_t b) const {
     return lengths.empty() ? seq_len : lengths[static_cast<std::size_t>(b)];
   }
   index_t rows() const { return batch * seq_len; }
+  /// The RoPE position of row b, position t.
+  index_t position(index_t b, index_t t) const {
+    return position_ids.empty() ? t : position_ids[static_cast<std::size_t>(b * seq_len + t)];
+  }
 
   /// Throws tightfit::error naming the first invalid extent or length.
   void validate() const {
     check(batch >= 1, "sequence_batch: batch is ", batch, ", expected >= 1");
     check(seq_len >= 1, "sequence_batch: sequence length T is ", seq_len, ", expected >= 1");
+    if (!position_ids.empty()) {
+      check_extent("sequence_batch", "position_ids.size", static_cast<index_t>(position_ids.size()),
+                   rows());
+      for (index_t b = 0; b < batch; ++b)
+        for (index_t t = 0; t < seq_len; ++t) {
+          const index_t p = position(b, t), prev = t == 0 ? -1 : position(b, t - 1);
+          check(p == prev + 1 || (t > 0 && p == 0), "sequence_batch: position_ids[", b, "][", t,
+                "] is ", p,
+                t == 0 ? ", expected 0 (a row starts a document)"
+                       : detail::concat(", expected ", prev + 1,
+                                        " (next position) or 0 (a new document)"));
+        }
+    }
     if (lengths.empty()) return;
     check_extent("sequence_batch", "lengths.size", static_cast<index_t>(lengths.size()), batch);
     for (index_t b = 0; b < batch; ++b) {

@@ -1,5 +1,6 @@
 // tightfit/nn/presets.hpp: named model configurations: the benchmark config of the StreamBP
-// issue and the shapes of public Llama / Qwen2.5 / Qwen3 checkpoints (for the planner; no weights).
+// issue and the shapes of public Llama 3 / 3.1 / Qwen2.5 / Qwen3 checkpoints (for the planner; no
+// weights).
 #pragma once
 
 #include <string>
@@ -12,8 +13,8 @@ namespace tightfit {
 
 /// The names preset_config accepts.
 inline std::vector<std::string> preset_names() {
-  return {"qwen3-bench", "small",        "qwen3-0.6b", "qwen3-4b",
-          "qwen3-8b",    "qwen2.5-0.5b", "qwen2.5-7b", "llama3-8b"};
+  return {"qwen3-bench",  "small",      "qwen3-0.6b", "qwen3-4b",   "qwen3-8b",
+          "qwen2.5-0.5b", "qwen2.5-7b", "llama3-8b",  "llama3.1-8b"};
 }
 
 /// A named configuration; an unknown name is an error listing the known ones.
@@ -81,7 +82,7 @@ inline model_config preset_config(const std::string& name) {
     qwen25(152064, 3584, 18944, 28, 28, 4, false);
     return c;
   }
-  if (name == "llama3-8b") {
+  if (name == "llama3-8b" || name == "llama3.1-8b") {
     c.architecture = "LlamaForCausalLM";
     c.vocab_size = 128256;
     c.hidden_size = 4096;
@@ -93,6 +94,15 @@ inline model_config preset_config(const std::string& name) {
     c.rms_norm_eps = 1e-5;
     c.rope_theta = 500000;
     c.qk_norm = false;
+    c.max_position_embeddings = 8192;
+    if (name == "llama3.1-8b") {  // 128K context through llama3 rope scaling
+      c.max_position_embeddings = 131072;
+      c.rope_scaling.rope_type = "llama3";
+      c.rope_scaling.factor = 8;
+      c.rope_scaling.low_freq_factor = 1;
+      c.rope_scaling.high_freq_factor = 4;
+      c.rope_scaling.original_max_position_embeddings = 8192;
+    }
     return c;
   }
   std::string known;

@@ -109,6 +109,10 @@ struct token_batch {
   std::span<const token_id> input_ids;  ///< (B*T)
   std::span<const token_id> targets;    ///< (B*T) ignore_index where nothing is predicted
   std::span<const index_t> lengths;     ///< (B) valid lengths; empty: all T
+  /// (B*T) packed (padding-free) positions, restarting at 0 at each document (Hugging Face
+  /// layout, see sequence_batch); empty: one document per row. A document attends only to
+  /// itself, and the target of its last position (the next document's first token) never counts.
+  std::span<const index_t> position_ids{};
 };
 
 /// Hugging Face labels (unshifted: labels[t] is the token at t, predicted from t-1) to targets
@@ -151,7 +155,7 @@ namespace detail {
 
 template <DecoderModel M>
 void validate_batch(const M& model, const token_batch& batch) {
-  const sequence_batch seq{batch.batch, batch.seq_len, batch.lengths};
+  const sequence_batch seq{batch.batch, batch.seq_len, batch.lengths, batch.position_ids};
   seq.validate();
   const index_t rows = seq.rows(), v = model.config().vocab_size;
   check_extent("compute_gradients", "input_ids.size", static_cast<index_t>(batch.input_ids.size()),
@@ -172,9 +176,14 @@ void validate_batch(const M& model, const token_batch& batch) {
 /// The targets with every target in the padding dropped: positions t >= length(b), and the
 /// last valid position when the row is padded (its target is the token at position length(b),
 /// which is padding whatever its label says). An unpadded row keeps its last target (the next
-/// token of a longer text, when the caller knows it).
+/// token of a longer text, when the caller knows it). In a packed batch the last position of
+/// every document but the row's last is dropped too (its target starts another document).
 inline std::vector<token_id> masked_targets(const token_batch& batch) {
   std::vector<token_id> targets(batch.targets.begin(), batch.targets.end());
+  if (!batch.position_ids.empty())
+    for (index_t r = 0; r + 1 < batch.batch * batch.seq_len; ++r)
+      if ((r + 1) % batch.seq_len != 0 && batch.position_ids[static_cast<std::size_t>(r + 1)] == 0)
+        targets[static_cast<std::size_t>(r)] = ignore_index;
   for (index_t b = 0; b < batch.batch; ++b) {
     const index_t len =
         batch.lengths.empty() ? batch.seq_len : batch.lengths[static_cast<std::size_t>(b)];
@@ -211,7 +220,7 @@ backward_result compute_gradients(M& model, const token_batch& batch, O& objecti
   check(opt.layer_weight_grads.empty() || static_cast<index_t>(opt.layer_weight_grads.size()) == nl,
         "compute_gradients: layer_weight_grads has ", opt.layer_weight_grads.size(),
         " entries, expected ", nl, " (one per layer) or none");
-  const sequence_batch seq{batch.batch, batch.seq_len, batch.lengths};
+  const sequence_batch seq{batch.batch, batch.seq_len, batch.lengths, batch.position_ids};
   const index_t t = seq.seq_len, rows = seq.rows();
 
   // Targets at padded positions never count.

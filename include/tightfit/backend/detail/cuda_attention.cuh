@@ -2,8 +2,11 @@
 // of the CUDA backend, FlashAttention-2 style (Dao, "FlashAttention-2: Faster Attention with
 // Better Parallelism and Work Partitioning", 2023).
 //
-// One sequence; rows of Q are positions [q0, q0 + nq), keys [0, nk). Query i, head h sees keys
-// j <= q0 + i and j < kmax = min(nk, valid_len), through kv head h / group (GQA).
+// One sequence; rows of Q are positions [q0, q0 + nq), keys [0, nk). Query i, head h at position
+// p = q0 + i sees keys [attn_first(p), attn_last(p)] (attention_mask: last = min(p, kmax - 1) with
+// kmax = min(nk, valid_len); first = max(p - window + 1, doc[p], 0), at most last), through kv
+// head h / group (GQA). Both bounds are non-decreasing in p: key tiles before the first key of a
+// query tile, or query tiles past the last query of a key tile, are skipped.
 //  - forward: a block per (query tile of BR rows, head) streams key tiles of BC keys through
 //    shared memory with the online softmax (running max m, sum l, rescaled O accumulator) and
 //    saves lse = m + log l; key tiles past the tile's last visible key are never loaded.
@@ -32,12 +35,28 @@ inline constexpr int attn_threads = 128;
 /// Geometry shared by the attention kernels.
 struct attn_args {
   index_t nq = 0, kmax = 0, q0 = 0;
+  index_t window = 0;            ///< 0: none
+  const index_t* doc = nullptr;  ///< device doc_start of positions [0, q0 + nq), or null
   index_t heads = 1, group = 1, hd = 1;
   float scale = 1;
 };
 
+/// The last key position p sees.
+__device__ __forceinline__ index_t attn_last(const attn_args& a, index_t p) {
+  return p < a.kmax - 1 ? p : a.kmax - 1;
+}
+/// The first key position p sees (at most attn_last: a padded row keeps one key).
+__device__ __forceinline__ index_t attn_first(const attn_args& a, index_t p) {
+  index_t f = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
+  if (a.doc != nullptr && a.doc[p] > f) f = a.doc[p];
+  const index_t last = attn_last(a, p);
+  return f < last ? f : last;
+}
+
 __device__ __forceinline__ bool attn_visible(const attn_args& a, index_t i, index_t j) {
-  return i < a.nq && j < a.kmax && j <= a.q0 + i;
+  if (i >= a.nq) return false;
+  const index_t p = a.q0 + i;
+  return j <= attn_last(a, p) && j >= attn_first(a, p);
 }
 
 /// Loads rows [r0, r0 + n) of columns [c0, c0 + hd) of a strided matrix into a (n, hd) fp32
@@ -79,9 +98,10 @@ __global__ void __launch_bounds__(attn_threads)
   }
   const index_t ilast = (i0 + attn_br < a.nq ? i0 + attn_br : a.nq) - 1;
   const index_t kend = a.q0 + ilast + 1 < a.kmax ? a.q0 + ilast + 1 : a.kmax;
+  const index_t kbegin = attn_first(a, a.q0 + i0);
   const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
   const int warps = static_cast<int>(blockDim.x) / 32;
-  for (index_t j0 = 0; j0 < kend; j0 += attn_bc) {
+  for (index_t j0 = kbegin; j0 < kend; j0 += attn_bc) {
     __syncthreads();
     attn_load(kt, k, ks, j0, kend, kvc, hd, attn_bc);
     if (!LseOnly) attn_load(vt, v, vs, j0, kend, kvc, hd, attn_bc);
@@ -210,7 +230,8 @@ __global__ void __launch_bounds__(attn_threads)
   const index_t ifirst = j0 - a.q0 > 0 ? ((j0 - a.q0) / attn_br) * attn_br : 0;
   for (index_t h = g * a.group; h < (g + 1) * a.group; ++h) {
     const index_t qc = h * hd;
-    for (index_t i0 = ifirst; i0 < a.nq; i0 += attn_br) {
+    // rows whose first key is past this tile see none of it (and neither do later rows)
+    for (index_t i0 = ifirst; i0 < a.nq && attn_first(a, a.q0 + i0) < j0 + attn_bc; i0 += attn_br) {
       __syncthreads();
       attn_load(qt, q, qs, i0, a.nq, qc, hd, attn_br);
       attn_load(dot, dout, ds, i0, a.nq, qc, hd, attn_br);
@@ -283,7 +304,7 @@ __global__ void __launch_bounds__(attn_threads)
   }
   const index_t ilast = (i0 + attn_br < a.nq ? i0 + attn_br : a.nq) - 1;
   const index_t kend = a.q0 + ilast + 1 < a.kmax ? a.q0 + ilast + 1 : a.kmax;
-  for (index_t j0 = 0; j0 < kend; j0 += attn_bc) {
+  for (index_t j0 = attn_first(a, a.q0 + i0); j0 < kend; j0 += attn_bc) {
     __syncthreads();
     attn_load(kt, k, ks, j0, kend, kvc, hd, attn_bc);
     attn_load(vt, v, vs, j0, kend, kvc, hd, attn_bc);

@@ -190,20 +190,23 @@ __global__ void rmsnorm_dw_reduce_kernel(const float* partial, index_t chunks, S
 
 // ---- RoPE -------------------------------------------------------------------------------------
 
-/// In place, one thread per (row, head, k < half): rotation by sign * p * theta^(-2k/hd).
+/// In place, one thread per (row, head, k < half): rotation by sign * p * inv_freq[k], cos and
+/// sin times `scaling`; p = positions[i] when positions is not null, else pos0 + i.
 template <class S>
 __global__ void rope_kernel(S* x, index_t xs, index_t rows, index_t heads, index_t hd, index_t pos0,
-                            double theta, double sign) {
+                            const index_t* positions, const double* inv_freq, double scaling,
+                            double sign) {
   const index_t half = hd / 2;
   const index_t n = rows * heads * half;
   for (index_t e = blockIdx.x * static_cast<index_t>(blockDim.x) + threadIdx.x; e < n;
        e += static_cast<index_t>(gridDim.x) * blockDim.x) {
     const index_t k = e % half, h = (e / half) % heads, i = e / (half * heads);
-    const double inv_freq = pow(theta, -2.0 * static_cast<double>(k) / static_cast<double>(hd));
-    const double angle = static_cast<double>(pos0 + i) * inv_freq;
+    const index_t p = positions != nullptr ? positions[i] : pos0 + i;
+    const double angle = static_cast<double>(p) * inv_freq[k];
     double s = 0, c = 0;
     sincos(angle, &s, &c);
-    s *= sign;
+    s *= sign * scaling;
+    c *= scaling;
     S* xh = x + i * xs + h * hd;
     const double x1 = ld(xh + k), x2 = ld(xh + k + half);
     xh[k] = cvt<S>(static_cast<float>(x1 * c - x2 * s));

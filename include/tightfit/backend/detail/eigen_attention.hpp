@@ -2,7 +2,11 @@
 // the CPU with Eigen GEMMs on tiles and oneTBB across tiles.
 //
 // One sequence, GQA without replicating K/V: query head h reads kv head h / (heads / kv_heads).
-// Query row r sits at position p = q0 + r and attends keys j <= p, j < kend = min(nk, valid_len).
+// Query row r sits at position p = q0 + r and attends keys [begin(r), end(r)) with
+// begin = attention_mask::begin_key (sliding window, document start) and end = last_key + 1
+// (causal, valid_len, nk). Both are non-decreasing in r, so the keys of a query tile form one
+// interval and the queries of a key tile one interval: every loop below walks only those, and a
+// tile is masked only where a row's interval does not cover it.
 //
 // Head stacking: the `group` query heads that share a kv head are adjacent columns of Q, so for a
 // tile of bq query rows they form one (bq * group, hd) matrix (stacked row r * group + j is query
@@ -12,14 +16,15 @@
 //
 // Forward (FlashAttention-2 order): tasks are (kv head, query tile); each walks the key tiles up
 // to its diagonal with an online softmax (running max m and sum l per row) and keeps only
-// lse = m + log l. Key tiles entirely above the diagonal or past kend are never computed, and in
-// a tile only the rows at or after the tile's first key compute; only diagonal tiles are masked.
+// lse = m + log l. Key tiles outside the tile's key interval (above the diagonal, past valid_len,
+// before the window or the document) are never computed, and in a key tile only the rows whose
+// interval meets it compute; only tiles on an interval's edge are masked.
 // The score tile S (bq * group, bk) is the only score storage.
 //
 // Backward (exact: P = exp(scale S - lse), D = rowsum(dO * O), dV += P^T dO, dP = dO V^T,
 // dS = P * (dP - D), dQ += scale dS K, dK += scale dS^T Q), two strategies:
-//  - thread_partials (default): tasks are (kv head, key tile); each walks the query tiles at or
-//    below its diagonal, keeps dK, dV of its key tile locally (race-free: tasks own disjoint key
+//  - thread_partials (default): tasks are (kv head, key tile); each walks the query rows that
+//    see its keys, keeps dK, dV of its key tile locally (race-free: tasks own disjoint key
 //    rows) and adds scale dS K into a per-thread dQ partial (nq, heads * hd) that is summed into
 //    dQ at the end. Five tile GEMMs per score tile (the minimum); extra memory one dQ-sized
 //    buffer per worker thread plus one pass summing them. The summation order of dQ depends on
@@ -39,6 +44,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "tightfit/backend/concept.hpp"
@@ -75,14 +81,44 @@ struct attention_problem {
   matrix_view<const T> q;  // (nq, H*hd)
   matrix_view<const T> k;  // (nk, Hkv*hd)
   matrix_view<const T> v;  // (nk, Hkv*hd)
-  index_t q0 = 0;
-  index_t kend = 0;  // keys [0, kend) may be attended: min(nk, valid_len)
+  attention_mask mask;
   T scale = T(1);
 
   index_t nq() const { return q.rows; }
+  index_t nk() const { return k.rows; }
   index_t group() const { return shape.heads / shape.kv_heads; }
-  /// Exclusive end of the keys any of query rows [r0, r1) attends.
-  index_t key_end(index_t r1) const { return std::min(q0 + r1, kend); }
+  /// Query row r attends keys [row_begin(r), row_end(r)); both non-decreasing in r.
+  index_t row_begin(index_t r) const { return mask.begin_key(mask.q0 + r, nk()); }
+  index_t row_end(index_t r) const { return mask.last_key(mask.q0 + r, nk()) + 1; }
+  /// The first row in [lo, hi) whose interval starts at or after `key` (hi when none).
+  index_t first_row_from(index_t lo, index_t hi, index_t key) const {
+    while (lo < hi) {
+      const index_t mid = lo + (hi - lo) / 2;
+      if (row_begin(mid) >= key)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    return lo;
+  }
+  /// The first row in [lo, hi) whose interval ends after `key` (hi when none).
+  index_t first_row_past(index_t lo, index_t hi, index_t key) const {
+    while (lo < hi) {
+      const index_t mid = lo + (hi - lo) / 2;
+      if (row_end(mid) > key)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    return lo;
+  }
+  /// Stacked rows [first, first + sub) of the block of rows [r0, r0 + rows) that meet the key
+  /// tile [c0, c0 + w).
+  std::pair<index_t, index_t> stacked_rows(index_t r0, index_t rows, index_t c0, index_t w) const {
+    const index_t a = first_row_past(r0, r0 + rows, c0);
+    const index_t b = first_row_from(a, r0 + rows, c0 + w);
+    return {(a - r0) * group(), (b - a) * group()};
+  }
 };
 
 template <class T>
@@ -108,10 +144,12 @@ void scatter_add_rows(const T* src, index_t rows, index_t width, T factor, matri
   }
 }
 
-/// Causal mask of stacked score row `row` (position p_first + row / group) in a key tile
-/// starting at c0 of width w: the number of leading keys it may attend.
-inline index_t allowed_keys(index_t p_first, index_t row, index_t group, index_t c0, index_t w) {
-  return std::clamp<index_t>(p_first + row / group - c0 + 1, 0, w);
+/// The keys [a, b) of a tile [c0, c0 + w) that query row r attends, relative to c0.
+template <class T>
+std::pair<index_t, index_t> tile_keys(const attention_problem<T>& pb, index_t r, index_t c0,
+                                      index_t w) {
+  return {std::clamp<index_t>(pb.row_begin(r) - c0, 0, w),
+          std::clamp<index_t>(pb.row_end(r) - c0, 0, w)};
 }
 
 /// Forward over query rows [r0, r0 + rows) of the heads of kv head g. Writes O rows and lse;
@@ -132,26 +170,24 @@ std::int64_t attention_forward_block(const attention_problem<T>& pb, index_t g, 
   acc.setZero();
   std::fill(m, m + stacked, minus_infinity<T>());
   std::fill(l, l + stacked, T(0));
-  const index_t p_first = pb.q0 + r0;
-  const index_t c_end = pb.key_end(r0 + rows);
+  const index_t c_begin = pb.row_begin(r0), c_end = pb.row_end(r0 + rows - 1);
   std::int64_t elements = 0;
-  for (index_t c0 = 0; c0 < c_end; c0 += bk) {
+  for (index_t c0 = c_begin; c0 < c_end; c0 += bk) {
     const index_t w = std::min(bk, c_end - c0);
-    // Rows at positions < c0 see no key of this tile: only stacked rows [first, stacked) compute.
-    const index_t first = std::clamp<index_t>(c0 - p_first, 0, rows - 1) * group;
-    const index_t sub = stacked - first;
+    // Only the stacked rows [first, first + sub) whose key interval meets this tile compute.
+    const auto [first, sub] = pb.stacked_rows(r0, rows, c0, w);
+    if (sub == 0) continue;
     const auto kt = as_eigen(pb.k, c0, g * hd, w, hd);  // (w, hd)
     const auto vt = as_eigen(pb.v, c0, g * hd, w, hd);  // (w, hd)
     auto s = as_eigen(s_buf, sub, w);                   // (sub, w)
     s.noalias() = qs.middleRows(first, sub) * kt.transpose();
-    const bool diagonal = c0 + w - 1 > p_first + first / group;
     for (index_t i = 0; i < sub; ++i) {
       const index_t row = first + i;
       eigen_array_map<T> si(s_buf + i * w, w);
       si *= pb.scale;
-      if (diagonal) {
-        si.tail(w - allowed_keys(p_first, row, group, c0, w)).setConstant(minus_infinity<T>());
-      }
+      const auto [ka, kb] = tile_keys(pb, r0 + row / group, c0, w);
+      if (ka > 0) si.head(ka).setConstant(minus_infinity<T>());
+      if (kb < w) si.tail(w - kb).setConstant(minus_infinity<T>());
       const T m_new = std::max(m[row], si.maxCoeff());
       if (m_new == minus_infinity<T>()) {  // no key of this row in the tile (not reached)
         si.setZero();
@@ -233,18 +269,19 @@ struct backward_rows {
 };
 
 /// Turns the score rows [first, first + sub) (stored from s_buf, width w) of a key tile at c0
-/// into P = exp(scale s - lse) with the causal mask, then dP (dp_buf) into dS = P * (dP - D).
+/// into P = exp(scale s - lse) with the mask (the block's rows start at query row r0), then dP
+/// (dp_buf) into dS = P * (dP - D).
 template <class T>
-void attention_tile_grad(const attention_problem<T>& pb, const backward_rows<T>& in,
-                         index_t p_first, index_t first, index_t sub, index_t c0, index_t w,
-                         T* p_buf, T* dp_buf) {
+void attention_tile_grad(const attention_problem<T>& pb, const backward_rows<T>& in, index_t r0,
+                         index_t first, index_t sub, index_t c0, index_t w, T* p_buf, T* dp_buf) {
   const index_t group = pb.group();
-  const bool diagonal = c0 + w - 1 > p_first + first / group;
   for (index_t i = 0; i < sub; ++i) {
     const index_t row = first + i;
     eigen_array_map<T> pi(p_buf + i * w, w);
     pi = (pi * pb.scale - in.lse[row]).exp();
-    if (diagonal) pi.tail(w - allowed_keys(p_first, row, group, c0, w)).setZero();
+    const auto [ka, kb] = tile_keys(pb, r0 + row / group, c0, w);
+    if (ka > 0) pi.head(ka).setZero();
+    if (kb < w) pi.tail(w - kb).setZero();
     eigen_array_map<T> dpi(dp_buf + i * w, w);
     dpi = pi * (dpi - in.dsum[row]);
   }
@@ -277,10 +314,12 @@ std::int64_t attention_backward_key_block(const attention_problem<T>& pb, index_
   auto dv_acc = as_eigen(dv_buf, w, hd);
   dk_acc.setZero();
   dv_acc.setZero();
-  const index_t r_start = std::max<index_t>(0, c0 - pb.q0);  // first row with p >= c0
+  // The query rows whose key interval meets [c0, c0 + w): one interval [r_start, r_stop).
+  const index_t r_start = pb.first_row_past(0, nq, c0);
+  const index_t r_stop = pb.first_row_from(r_start, nq, c0 + w);
   std::int64_t elements = 0;
-  for (index_t r0 = r_start; r0 < nq; r0 += bq) {
-    const index_t rows = std::min(bq, nq - r0), stacked = rows * group;
+  for (index_t r0 = r_start; r0 < r_stop; r0 += bq) {
+    const index_t rows = std::min(bq, r_stop - r0), stacked = rows * group;
     in.gather(pb, d_o, lse, dsum, g, r0, rows);
     const auto qs = as_eigen(static_cast<const T*>(in.q), stacked, hd);
     const auto dos = as_eigen(static_cast<const T*>(in.d_o), stacked, hd);
@@ -288,7 +327,7 @@ std::int64_t attention_backward_key_block(const attention_problem<T>& pb, index_
     auto dp = as_eigen(dp_buf, stacked, w);
     p.noalias() = qs * kt.transpose();
     dp.noalias() = dos * vt.transpose();
-    attention_tile_grad(pb, in, pb.q0 + r0, 0, stacked, c0, w, p_buf, dp_buf);  // dp := dS
+    attention_tile_grad(pb, in, r0, 0, stacked, c0, w, p_buf, dp_buf);  // dp := dS
     dv_acc.noalias() += p.transpose() * dos;
     dk_acc.noalias() += dp.transpose() * qs;
     if (!dq_part.empty()) {
@@ -322,20 +361,19 @@ std::int64_t attention_backward_query_block(const attention_problem<T>& pb, inde
   const auto dos = as_eigen(static_cast<const T*>(in.d_o), stacked, hd);
   auto dq_acc = as_eigen(dq_buf, stacked, hd);
   dq_acc.setZero();
-  const index_t p_first = pb.q0 + r0;
-  const index_t c_end = pb.key_end(r0 + rows);
+  const index_t c_begin = pb.row_begin(r0), c_end = pb.row_end(r0 + rows - 1);
   std::int64_t elements = 0;
-  for (index_t c0 = 0; c0 < c_end; c0 += bk) {
+  for (index_t c0 = c_begin; c0 < c_end; c0 += bk) {
     const index_t w = std::min(bk, c_end - c0);
-    const index_t first = std::clamp<index_t>(c0 - p_first, 0, rows - 1) * group;
-    const index_t sub = stacked - first;
+    const auto [first, sub] = pb.stacked_rows(r0, rows, c0, w);
+    if (sub == 0) continue;
     const auto kt = as_eigen(pb.k, c0, g * hd, w, hd);
     const auto vt = as_eigen(pb.v, c0, g * hd, w, hd);
     auto p = as_eigen(p_buf, sub, w);
     auto dp = as_eigen(dp_buf, sub, w);
     p.noalias() = qs.middleRows(first, sub) * kt.transpose();
     dp.noalias() = dos.middleRows(first, sub) * vt.transpose();
-    attention_tile_grad(pb, in, p_first, first, sub, c0, w, p_buf, dp_buf);
+    attention_tile_grad(pb, in, r0, first, sub, c0, w, p_buf, dp_buf);
     dq_acc.middleRows(first, sub).noalias() += dp * kt;
     elements += sub * w;
   }
@@ -360,7 +398,7 @@ attention_backward_work attention_backward(const attention_problem<T>& pb, matri
   const index_t hd = pb.shape.head_dim, group = pb.group();
   const index_t bq = tiling.q, bk = tiling.k;
   attention_backward_work work;
-  if (nq == 0 || pb.kend == 0) return work;
+  if (nq == 0) return work;
 
   host_buffer<T> dsum_buf(memory, nq * heads);  // (nq, heads)
   const matrix_view<T> dsum = dsum_buf.view(nq, heads);
@@ -368,9 +406,9 @@ attention_backward_work attention_backward(const attention_problem<T>& pb, matri
   const matrix_view<const T> dsum_c = dsum;
   const index_t scratch_size = attention_backward_scratch(bq * group, hd, bk);
 
-  // Keys [0, kend) that some query row attends: up to the last query position.
-  const index_t key_rows = pb.key_end(nq);
-  const index_t key_tiles = (key_rows + bk - 1) / bk;
+  // Keys [key_begin, key_end) that some query row attends (one interval).
+  const index_t key_begin = pb.row_begin(0), key_end = pb.row_end(nq - 1);
+  const index_t key_tiles = (key_end - key_begin + bk - 1) / bk;
   const auto partial_bytes = static_cast<std::size_t>(concurrency()) *
                              static_cast<std::size_t>(nq * heads * hd) * sizeof(T);
   const bool partials = tiling.backward == attention_backward_strategy::thread_partials &&
@@ -384,8 +422,8 @@ attention_backward_work attention_backward(const attention_problem<T>& pb, matri
       for (index_t idx = i0; idx < i1; ++idx) {
         const index_t kt = idx / kvh;  // first key tiles carry the most rows: first
         const index_t g = idx % kvh;
-        const index_t c0 = kt * bk;
-        local += attention_backward_key_block(pb, g, c0, std::min(bk, key_rows - c0), bq, d_o, lse,
+        const index_t c0 = key_begin + kt * bk;
+        local += attention_backward_key_block(pb, g, c0, std::min(bk, key_end - c0), bq, d_o, lse,
                                               dsum_c, scratch.data(), dq_target(), dk, dv);
       }
       key_elements.fetch_add(local, std::memory_order_relaxed);

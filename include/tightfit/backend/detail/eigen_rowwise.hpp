@@ -126,24 +126,23 @@ void rmsnorm_backward(matrix_view<const T> x, std::span<const T> w, std::span<co
 // ---- RoPE (rotate-half) ----------------------------------------------------------------------
 
 /// Rotates every head of every row of x (rows, heads * head_dim) in place by the angles of
-/// positions pos0 + i: angle_ik = (pos0 + i) * theta^(-2k / head_dim), computed in double.
-/// sign = +1 forward, -1 backward (rotation by -angle).
+/// positions r.position(i): angle_ik = position * r.frequency(k), computed in double, cos and
+/// sin times r.attention_scaling. sign = +1 forward, -1 backward (rotation by -angle).
 template <class T>
-void rope(matrix_view<T> x, index_t heads, index_t head_dim, index_t pos0, double theta, int sign) {
+void rope(matrix_view<T> x, index_t heads, index_t head_dim, const rope_args& r, int sign) {
   const index_t half = head_dim / 2;
+  const double scaling = r.attention_scaling;
   std::vector<double> inv_freq(static_cast<std::size_t>(half));
-  for (index_t k = 0; k < half; ++k) {
-    inv_freq[static_cast<std::size_t>(k)] =
-        std::pow(theta, -2.0 * static_cast<double>(k) / static_cast<double>(head_dim));
-  }
+  for (index_t k = 0; k < half; ++k)
+    inv_freq[static_cast<std::size_t>(k)] = r.frequency(k, head_dim);
   parallel_for(0, x.rows, row_grain(x.cols, index_t{1} << 13), [&](index_t i0, index_t i1) {
     std::vector<T> cs(static_cast<std::size_t>(half)), sn(static_cast<std::size_t>(half));
     for (index_t i = i0; i < i1; ++i) {
-      const auto p = static_cast<double>(pos0 + i);
+      const auto p = static_cast<double>(r.position(i));
       for (index_t k = 0; k < half; ++k) {
         const double angle = p * inv_freq[static_cast<std::size_t>(k)];
-        cs[static_cast<std::size_t>(k)] = static_cast<T>(std::cos(angle));
-        sn[static_cast<std::size_t>(k)] = static_cast<T>(sign * std::sin(angle));
+        cs[static_cast<std::size_t>(k)] = static_cast<T>(scaling * std::cos(angle));
+        sn[static_cast<std::size_t>(k)] = static_cast<T>(sign * scaling * std::sin(angle));
       }
       const eigen_array_map<const T> c(cs.data(), half), s(sn.data(), half);
       T* row = x.row(i);

@@ -179,16 +179,31 @@ void check_rmsnorm_backward(const matrix_view<const T>& x, std::span<const T> w,
 
 template <class T>
 void check_rope(const char* k, const matrix_view<T>& x, index_t heads, index_t head_dim,
-                index_t pos0, double theta) {
+                const rope_args& r) {
   check_layout(k, "x", x);
   check(heads >= 1, k, ": heads is ", heads, ", expected >= 1");
   check(head_dim >= 2 && head_dim % 2 == 0, k, ": head_dim is ", head_dim,
         ", expected an even number >= 2");
   check(x.cols == heads * head_dim, k, ": x.cols is ", x.cols, ", expected ", heads * head_dim,
         " (heads ", heads, " x head_dim ", head_dim, ")");
-  check(pos0 >= 0, k, ": pos0 is ", pos0, ", expected >= 0");
-  check(theta > 0 && std::isfinite(theta), k, ": theta is ", theta,
-        ", expected a finite value > 0");
+  check(r.pos0 >= 0, k, ": pos0 is ", r.pos0, ", expected >= 0");
+  if (!r.positions.empty()) {
+    check(r.pos0 == 0, k, ": pos0 is ", r.pos0, " with positions given, expected 0");
+    check_size(k, "positions", r.positions, x.rows, "(x.rows)");
+    for (std::size_t i = 0; i < r.positions.size(); ++i)
+      check(r.positions[i] >= 0, k, ": positions[", i, "] is ", r.positions[i], ", expected >= 0");
+  }
+  if (r.inv_freq.empty()) {
+    check(r.theta > 0 && std::isfinite(r.theta), k, ": theta is ", r.theta,
+          ", expected a finite value > 0");
+  } else {
+    check_size(k, "inv_freq", r.inv_freq, head_dim / 2, "(head_dim / 2)");
+    for (std::size_t i = 0; i < r.inv_freq.size(); ++i)
+      check(std::isfinite(r.inv_freq[i]), k, ": inv_freq[", i, "] is ", r.inv_freq[i],
+            ", expected a finite value");
+  }
+  check(std::isfinite(r.attention_scaling), k, ": attention_scaling is ", r.attention_scaling,
+        ", expected a finite value");
 }
 
 template <class T>
@@ -212,11 +227,30 @@ void check_swiglu_backward(const matrix_view<const T>& gate, const matrix_view<c
   check_like(k, "dup", dup, "gate", gate.rows, gate.cols);
 }
 
-/// Checks shared by attention_forward/backward: shape, Q, K, V, q0, valid_len.
+/// The mask of an attention call over nq queries: q0 >= 0, valid_len >= 1, window >= 0, and
+/// doc_start (when given) covering every query position, non-decreasing, in [0, p].
+inline void check_attention_mask(const char* k, const attention_mask& m, index_t nq) {
+  check(m.q0 >= 0, k, ": q0 is ", m.q0, ", expected >= 0");
+  check(m.valid_len >= 1, k, ": valid_len is ", m.valid_len, ", expected >= 1");
+  check(m.window >= 0, k, ": window is ", m.window, ", expected >= 0 (0: no sliding window)");
+  if (m.doc_start.empty()) return;
+  const index_t need = m.q0 + nq;
+  check(static_cast<index_t>(m.doc_start.size()) >= need, k, ": doc_start.size is ",
+        m.doc_start.size(), ", expected >= q0 + Q.rows = ", need);
+  index_t prev = 0;
+  for (index_t p = 0; p < need; ++p) {
+    const index_t s = m.doc_start[static_cast<std::size_t>(p)];
+    check(s >= prev && s <= p, k, ": doc_start[", p, "] is ", s, ", expected in [", prev, ", ", p,
+          "] (non-decreasing, at most the position)");
+    prev = s;
+  }
+}
+
+/// Checks shared by attention_forward/backward: shape, Q, K, V, the mask.
 template <class T>
 void check_attention_inputs(const char* k, const attention_shape& s, const matrix_view<const T>& q,
                             const matrix_view<const T>& kk, const matrix_view<const T>& v,
-                            index_t q0, index_t valid_len, T scale) {
+                            const attention_mask& mask, T scale) {
   check(s.heads >= 1 && s.kv_heads >= 1 && s.head_dim >= 1, k, ": shape (heads ", s.heads,
         ", kv_heads ", s.kv_heads, ", head_dim ", s.head_dim, ") has an extent < 1");
   check(s.heads % s.kv_heads == 0, k, ": heads ", s.heads, " is not a multiple of kv_heads ",
@@ -229,8 +263,7 @@ void check_attention_inputs(const char* k, const attention_shape& s, const matri
         s.kv_heads * s.head_dim, " (kv_heads ", s.kv_heads, " x head_dim ", s.head_dim, ")");
   check(kk.rows >= 1, k, ": K.rows is ", kk.rows, ", expected >= 1 (key 0 must exist)");
   check_like(k, "V", v, "K", kk.rows, kk.cols);
-  check(q0 >= 0, k, ": q0 is ", q0, ", expected >= 0");
-  check(valid_len >= 1, k, ": valid_len is ", valid_len, ", expected >= 1");
+  check_attention_mask(k, mask, q.rows);
   check(std::isfinite(static_cast<double>(scale)), k, ": scale is ", scale,
         ", expected a finite value");
 }
@@ -238,10 +271,10 @@ void check_attention_inputs(const char* k, const attention_shape& s, const matri
 template <class T>
 void check_attention_forward(const attention_shape& s, const matrix_view<const T>& q,
                              const matrix_view<const T>& kk, const matrix_view<const T>& v,
-                             index_t q0, index_t valid_len, T scale, const matrix_view<T>& o,
+                             const attention_mask& mask, T scale, const matrix_view<T>& o,
                              const matrix_view<T>& lse) {
   const char* k = "attention_forward";
-  check_attention_inputs(k, s, q, kk, v, q0, valid_len, scale);
+  check_attention_inputs(k, s, q, kk, v, mask, scale);
   check_shape(k, "O", o, q.rows, q.cols, "(Q.rows x heads*head_dim)");
   check_shape(k, "lse", lse, q.rows, s.heads, "(Q.rows x heads)");
 }
@@ -250,11 +283,11 @@ template <class T>
 void check_attention_backward(const attention_shape& s, const matrix_view<const T>& q,
                               const matrix_view<const T>& kk, const matrix_view<const T>& v,
                               const matrix_view<const T>& o, const matrix_view<const T>& dout,
-                              const matrix_view<const T>& lse, index_t q0, index_t valid_len,
-                              T scale, const matrix_view<T>& dq, const matrix_view<T>& dk,
+                              const matrix_view<const T>& lse, const attention_mask& mask, T scale,
+                              const matrix_view<T>& dq, const matrix_view<T>& dk,
                               const matrix_view<T>& dv) {
   const char* k = "attention_backward";
-  check_attention_inputs(k, s, q, kk, v, q0, valid_len, scale);
+  check_attention_inputs(k, s, q, kk, v, mask, scale);
   check_shape(k, "O", o, q.rows, q.cols, "(Q.rows x heads*head_dim)");
   check_shape(k, "dO", dout, q.rows, q.cols, "(Q.rows x heads*head_dim)");
   check_shape(k, "lse", lse, q.rows, s.heads, "(Q.rows x heads)");
