@@ -282,7 +282,7 @@ int run(const args& a, Comm& comm);
 
 /// --parallel data: MPI initialised here, every rank runs run(); a rank that fails reports and
 /// ends the whole job (MPI_Abort), since the others may be waiting in a collective.
-int run_parallel(const args& a) {
+int run_parallel([[maybe_unused]] const args& a) {  // unused without MPI
 #if defined(TIGHTFIT_HAS_MPI)
   mpi_environment env;
   mpi_communicator comm;
