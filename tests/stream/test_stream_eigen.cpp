@@ -4,6 +4,10 @@
 // attention backward, (threads, rows, H*hd), small next to the logits of a realistic vocab).
 #include <doctest/doctest.h>
 
+#include <type_traits>
+#include <utility>
+#include <vector>
+
 #include "stream_testing.hpp"
 #include "support/testing.hpp"
 #include "tightfit/backend/eigen.hpp"
@@ -86,5 +90,47 @@ TEST_CASE("eigen backend: the planner's prediction is within 10% of the measured
         double(predict_peak_activation_bytes<float>(cfg, 1, 400, o, sft_loss{}));
     CHECK(predicted <= measured);
     CHECK(measured <= 1.10 * predicted);
+  }
+}
+
+TEST_CASE("eigen backend: windows, yarn rope and packed documents equal the reference backend") {
+  // one packed row of 150 positions (documents of 40, 70 and 40) and a right-padded row; a
+  // window of 20 on layer 1; chunks of 37 cross document boundaries and tile edges
+  auto cfg = tiny_config(8, 2, true, false, 2);
+  cfg.head_dim = 16;
+  cfg.hidden_size = 40;
+  cfg.sliding_window = 20;
+  cfg.sliding_layers = {false, true};
+  cfg.max_position_embeddings = 64;
+  cfg.rope_scaling.rope_type = "yarn";
+  cfg.rope_scaling.factor = 2;
+  const random_batch batch(2, 150, cfg.vocab_size, {150, 97}, 8);
+  std::vector<index_t> positions;
+  for (index_t len : {40, 70, 40})
+    for (index_t p = 0; p < len; ++p) positions.push_back(p);
+  for (index_t p = 0; p < 150; ++p) positions.push_back(p);  // row 2: one document, padded
+  auto run = [&](auto& be, backward_schedule s, index_t chunk) {
+    using B = std::remove_reference_t<decltype(be)>;
+    decoder_model<B> model(be, cfg);
+    model.init_random(7, 0.3, 0.2);
+    sft_loss loss;
+    backward_options o;
+    o.sched = s;
+    o.chunk = chunk;
+    token_batch tb = batch.view();
+    tb.position_ids = positions;
+    const double l = compute_gradients(model, tb, loss, o).loss;
+    return std::pair{l, grads_of(model.parameters())};
+  };
+  reference_backend<double> rb;
+  const auto expected = run(rb, backward_schedule::full, 150);
+  for (backward_schedule s : {backward_schedule::full, backward_schedule::stream}) {
+    const std::string name = to_string(s);
+    CAPTURE(name);
+    eigen_backend<double> be;
+    const auto got = run(be, s, 37);
+    CHECK(std::abs(got.first - expected.first) <= 1e-12 * std::abs(expected.first));
+    for (std::size_t i = 0; i < got.second.size(); ++i)
+      CHECK(tightfit::testing::max_rel_diff(got.second[i], expected.second[i], 1e-12) < 1e-10);
   }
 }
