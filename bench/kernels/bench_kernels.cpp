@@ -94,14 +94,16 @@ void bm_gemm_single(benchmark::State& state) {
 
 enum class attention_pass { forward, backward, both };
 
-/// Causal useful flops of one forward: 4 hd per visible (query, key) pair per head.
-double attention_forward_flops(index_t t, index_t heads, index_t hd) {
-  return 4.0 * static_cast<double>(hd) * static_cast<double>(t) * static_cast<double>(t + 1) / 2.0 *
-         static_cast<double>(heads);
+/// Useful flops of one forward: 4 hd per visible (query, key) pair per head (causal, or within
+/// a sliding window of w keys when w > 0).
+double attention_forward_flops(index_t t, index_t heads, index_t hd, index_t w = 0) {
+  double pairs = 0;
+  for (index_t p = 0; p < t; ++p) pairs += static_cast<double>(w > 0 ? std::min(p + 1, w) : p + 1);
+  return 4.0 * static_cast<double>(hd) * pairs * static_cast<double>(heads);
 }
 
 template <class T>
-void bm_attention(benchmark::State& state, attention_pass pass) {
+void bm_attention(benchmark::State& state, attention_pass pass, index_t window = 0) {
   const index_t t = state.range(0);
   const attention_shape shape{8, 2, 64};
   eigen_backend_options opt;
@@ -119,12 +121,12 @@ void bm_attention(benchmark::State& state, attention_pass pass) {
   const matrix_view<const T> qv(q.data(), t, qw), kv(k.data(), t, kw), vv(v.data(), t, kw),
       dov(d_o.data(), t, qw);
   auto forward = [&] {
-    be.attention_forward(shape, qv, kv, vv, {0, t}, scale, matrix_view<T>(o.data(), t, qw),
+    be.attention_forward(shape, qv, kv, vv, {0, t, window}, scale, matrix_view<T>(o.data(), t, qw),
                          matrix_view<T>(lse.data(), t, shape.heads));
   };
   auto backward = [&] {
     be.attention_backward(shape, qv, kv, vv, matrix_view<const T>(o.data(), t, qw), dov,
-                          matrix_view<const T>(lse.data(), t, shape.heads), {0, t}, scale,
+                          matrix_view<const T>(lse.data(), t, shape.heads), {0, t, window}, scale,
                           matrix_view<T>(dq.data(), t, qw), matrix_view<T>(dk.data(), t, kw),
                           matrix_view<T>(dv.data(), t, kw));
   };
@@ -134,7 +136,7 @@ void bm_attention(benchmark::State& state, attention_pass pass) {
     if (pass != attention_pass::forward) backward();
     benchmark::ClobberMemory();
   }
-  const double fwd = attention_forward_flops(t, shape.heads, shape.head_dim);
+  const double fwd = attention_forward_flops(t, shape.heads, shape.head_dim, window);
   const double flops = pass == attention_pass::forward    ? fwd
                        : pass == attention_pass::backward ? 2.5 * fwd
                                                           : 3.5 * fwd;
@@ -153,6 +155,11 @@ void bm_attention_backward(benchmark::State& state) {
 template <class T>
 void bm_attention_both(benchmark::State& state) {
   bm_attention<T>(state, attention_pass::both);
+}
+/// Forward + backward under a sliding window of range(4) keys (tiles outside it are skipped).
+template <class T>
+void bm_attention_window(benchmark::State& state) {
+  bm_attention<T>(state, attention_pass::both, state.range(4));
 }
 
 // ---- RMSNorm and cross-entropy -------------------------------------------------------------
@@ -239,6 +246,12 @@ void register_all() {
             ->Unit(benchmark::kMillisecond));
   timed(attention("attention_bwd<float>", bm_attention_backward<float>)
             ->Args(defaults)
+            ->Unit(benchmark::kMillisecond));
+  // sliding windows (Mistral, Qwen2): the work, and so the time, drops to about T W
+  timed(RegisterBenchmark("attention_fwd_bwd_window<float>", bm_attention_window<float>)
+            ->ArgNames({"T", "tq", "tk", "two_pass", "W"})
+            ->Args({4096, opt.attention_tile_q, opt.attention_tile_k, 0, 512})
+            ->Args({4096, opt.attention_tile_q, opt.attention_tile_k, 0, 128})
             ->Unit(benchmark::kMillisecond));
   auto* tune = attention("tune/attention_fwd_bwd<float>", bm_attention_both<float>);
   for (const auto& [tq, tk] : {std::pair<int, int>{16, 64},
