@@ -14,6 +14,9 @@
 // Invariants:
 //  - every kernel runs on the backend's own stream; host spans (token ids, labels) are copied to
 //    the device per call; download() synchronises, nothing else does;
+//  - host memory tier (backend/offload.hpp): pinned buffers counted in host_memory(); its
+//    copies run on a second stream after the kernels queued before them; wait_copies() makes
+//    the compute stream wait for them and the host for the copy stream;
 //  - device memory: cudaMallocAsync on that stream, counted in memory() (scratch included:
 //    the bf16 attention backward's fp32 lse, D = rowsum(dO*O), RMSNorm dw partials, ids);
 //    buffers must not outlive the backend;
@@ -48,6 +51,7 @@
 #include "tightfit/backend/detail/cuda_kernels.cuh"
 #include "tightfit/backend/detail/cuda_runtime.hpp"
 #include "tightfit/backend/detail/reference_checks.hpp"
+#include "tightfit/backend/offload.hpp"
 #include "tightfit/core/error.hpp"
 #include "tightfit/core/memory.hpp"
 #include "tightfit/core/types.hpp"
@@ -122,6 +126,29 @@ requires(std::is_same_v<Storage, float> ||
                        "download");
     ctx_.synchronize();
   }
+
+  // ---- host memory tier (OffloadBackend, backend/offload.hpp) -------------------------------
+
+  /// Live and peak bytes of the pinned host buffers (allocate_host).
+  memory_counter& host_memory() { return host_memory_; }
+  /// A zero-initialised page-locked host buffer of n elements of U, counted by host_memory().
+  template <class U>
+  detail::cuda_pinned_buffer<U> allocate_host(index_t n) {
+    check(n >= 0, "cuda_backend::allocate_host: element count is ", n, ", expected >= 0");
+    if (n == 0) return {};
+    ctx_.ensure();
+    return detail::cuda_pinned_buffer<U>(host_memory_, n);
+  }
+  /// Device -> pinned host on the copy stream, after every kernel queued so far.
+  void copy_to_host(std::span<const S> src, std::span<S> dst) {
+    copy_between("copy_to_host", src, dst, cudaMemcpyDeviceToHost);
+  }
+  /// Pinned host -> device on the copy stream, after every kernel queued so far.
+  void copy_to_device(std::span<const S> src, std::span<S> dst) {
+    copy_between("copy_to_device", src, dst, cudaMemcpyHostToDevice);
+  }
+  /// Kernels queued from now on see every copy queued so far, whose sources may be freed.
+  void wait_copies() { ctx_.join_copies(); }
 
   // ---- dense linear algebra -----------------------------------------------------------------
 
@@ -560,7 +587,16 @@ requires(std::is_same_v<Storage, float> ||
   }
 
   cuda_backend_options options_;
+  void copy_between(const char* what, std::span<const S> src, std::span<S> dst,
+                    cudaMemcpyKind kind) {
+    detail::check_size(what, "dst", dst, static_cast<index_t>(src.size()), "(src.size)");
+    if (src.empty()) return;
+    ctx_.ensure();
+    ctx_.copy_async(dst.data(), src.data(), src.size_bytes(), kind, what);
+  }
+
   memory_counter memory_;
+  memory_counter host_memory_;  ///< pinned host buffers (the offload tier)
   kernel_stats stats_;
   detail::cuda_context ctx_;  // last member: destroyed first (synchronises its stream)
 };
@@ -568,6 +604,7 @@ requires(std::is_same_v<Storage, float> ||
 static_assert(StorageBackend<cuda_backend<float>> && DenseBackend<cuda_backend<float>>);
 static_assert(TransformerBackend<cuda_backend<float>> && OptimizerBackend<cuda_backend<float>>);
 static_assert(Backend<cuda_backend<float>>);
+static_assert(OffloadBackend<cuda_backend<float>> && OffloadBackend<cuda_backend<__nv_bfloat16>>);
 static_assert(Backend<cuda_backend<__nv_bfloat16>>);
 
 }  // namespace tightfit

@@ -1,6 +1,7 @@
 // tightfit/backend/detail/cuda_runtime.hpp: host-side CUDA plumbing of the CUDA backend: error
 // checks that turn CUDA and cuBLAS status codes into tightfit::error, the counted device buffer,
-// and the lazily created device context (stream + cuBLAS handle).
+// the counted pinned host buffer (the host memory tier), and the lazily created device context
+// (compute stream, copy stream, cuBLAS handle).
 //
 // Plain C++ over the CUDA runtime API (no kernels), so it also compiles with the host compiler
 // (dist/nccl_communicator.hpp uses it). Invariants:
@@ -16,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <utility>
 
@@ -56,10 +58,16 @@ class cuda_context {
   cuda_context& operator=(const cuda_context&) = delete;
   ~cuda_context() {
     if (blas_ != nullptr) cublasDestroy(blas_);
+    if (copy_stream_ != nullptr) {
+      cudaStreamSynchronize(copy_stream_);
+      cudaStreamDestroy(copy_stream_);
+    }
     if (stream_ != nullptr) {
       cudaStreamSynchronize(stream_);
       cudaStreamDestroy(stream_);
     }
+    if (compute_done_ != nullptr) cudaEventDestroy(compute_done_);
+    if (copies_done_ != nullptr) cudaEventDestroy(copies_done_);
   }
 
   /// Creates the stream and the cuBLAS handle on the first call; throws tightfit::error when
@@ -72,6 +80,10 @@ class cuda_context {
           ", expected in [0, ", count, ")");
     cuda_check(cudaSetDevice(device_), "cudaSetDevice");
     cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    cuda_check(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking),
+               "cudaStreamCreate (copies)");
+    cuda_check(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming), "cudaEventCreate");
+    cuda_check(cudaEventCreateWithFlags(&copies_done_, cudaEventDisableTiming), "cudaEventCreate");
     cublas_check(cublasCreate(&blas_), "cublasCreate");
     cublas_check(cublasSetStream(blas_, stream_), "cublasSetStream");
     // Keep freed blocks in the stream-ordered pool (a caching allocator) instead of returning
@@ -98,10 +110,27 @@ class cuda_context {
     if (stream_ == nullptr) return;
     cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   }
+  /// Queues a copy on the copy stream, after every kernel queued so far on the compute stream.
+  void copy_async(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
+                  const char* what) {
+    cuda_check(cudaEventRecord(compute_done_, stream_), what);
+    cuda_check(cudaStreamWaitEvent(copy_stream_, compute_done_, 0), what);
+    cuda_check(cudaMemcpyAsync(dst, src, bytes, kind, copy_stream_), what);
+  }
+  /// Kernels queued from now on run after every copy queued so far, and those copies are done
+  /// (the host waits for the copy stream, so a pinned source may be freed at once).
+  void join_copies() {
+    if (stream_ == nullptr) return;
+    cuda_check(cudaEventRecord(copies_done_, copy_stream_), "wait_copies");
+    cuda_check(cudaStreamWaitEvent(stream_, copies_done_, 0), "wait_copies");
+    cuda_check(cudaStreamSynchronize(copy_stream_), "wait_copies");
+  }
 
  private:
   int device_;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t copy_stream_ = nullptr;  ///< host-tier copies (offload), overlapping kernels
+  cudaEvent_t compute_done_ = nullptr, copies_done_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   std::size_t max_shared_ = 0;
   int sm_count_ = 0;
@@ -168,6 +197,61 @@ class cuda_buffer {
   }
   memory_counter* counter_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  T* data_ = nullptr;
+  index_t size_ = 0;
+};
+
+/// An owning, zero-initialised page-locked host array (cudaMallocHost) of n elements, counted
+/// by the backend's host-tier memory_counter: the host memory tier of backend/offload.hpp.
+/// Move-only. Freeing it (cudaFreeHost) synchronises the device.
+template <class T>
+class cuda_pinned_buffer {
+ public:
+  cuda_pinned_buffer() = default;
+  cuda_pinned_buffer(memory_counter& counter, index_t count) : counter_(&counter), size_(count) {
+    check(count >= 0, "cuda_pinned_buffer: element count is ", count, ", expected >= 0");
+    if (count == 0) return;
+    void* p = nullptr;
+    cuda_check(cudaMallocHost(&p, bytes()), "cudaMallocHost");
+    data_ = static_cast<T*>(p);
+    std::memset(p, 0, bytes());
+    counter_->on_allocate(bytes());
+  }
+  cuda_pinned_buffer(cuda_pinned_buffer&& o) noexcept
+      : counter_(std::exchange(o.counter_, nullptr)),
+        data_(std::exchange(o.data_, nullptr)),
+        size_(std::exchange(o.size_, 0)) {}
+  cuda_pinned_buffer& operator=(cuda_pinned_buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      counter_ = std::exchange(o.counter_, nullptr);
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  cuda_pinned_buffer(const cuda_pinned_buffer&) = delete;
+  cuda_pinned_buffer& operator=(const cuda_pinned_buffer&) = delete;
+  ~cuda_pinned_buffer() { release(); }
+
+  T* data() const { return data_; }
+  index_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  std::span<T> span() const { return {data_, static_cast<std::size_t>(size_)}; }
+  matrix_view<T> view(index_t rows, index_t cols) const { return as_matrix(span(), rows, cols); }
+  void reset() { release(); }
+
+ private:
+  std::size_t bytes() const { return static_cast<std::size_t>(size_) * sizeof(T); }
+  void release() {
+    if (data_ != nullptr) {
+      cudaFreeHost(data_);
+      counter_->on_free(bytes());
+    }
+    data_ = nullptr;
+    size_ = 0;
+  }
+  memory_counter* counter_ = nullptr;
   T* data_ = nullptr;
   index_t size_ = 0;
 };
