@@ -184,8 +184,8 @@ record run_scene(const tg::scene& sc, std::uint64_t seed, const tg::mebb_options
         std::fprintf(stderr, " %+.1f", (m.dims[d] - sc.dims[d]) * 1000);
       std::fprintf(stderr, " unc");
       for (std::size_t d = 0; d < 3; ++d) std::fprintf(stderr, " %.1f", m.uncertainty[d] * 1000);
-      std::fprintf(stderr, " app %u strap %d handle %d res %.1f reasons", sc.appendages,
-                   sc.long_strap, sc.long_handle, sc.resolution);
+      std::fprintf(stderr, " app %u strap %d handle %d res %.1f pitch %.2f reasons", sc.appendages,
+                   sc.long_strap, sc.long_handle, sc.resolution, m.mebb->pitch * 1000);
       for (const auto& x : m.reasons) std::fprintf(stderr, " %s", x.c_str());
       std::fprintf(stderr, "\n");
     }
@@ -548,8 +548,18 @@ void ablation(const std::vector<tg::scene>& scenes) {
   o.side_band = 0;
   run("side faces over the whole face (side_band = 0)", o);
   o = {};
-  o.edge_profile = false;
-  run("no rounded-edge profile fit (edge_profile = false)", o);
+  o.side_offset_pitch = 0;
+  run("no side-face offset for the unseen wall (side_offset_pitch = 0)", o);
+  o.edge_profile = true;
+  run("rounded-edge profile fit instead of the offset (edge_profile = true)", o);
+  o = {};
+  o.fine_faces = false;
+  run("faces on voxel centroids only (fine_faces = false)", o);
+  o.phase_check = true;
+  run("faces on voxel centroids, two lattices (fine_faces = false, phase_check)", o);
+  o = {};
+  o.solid_gap = false;
+  run("solid-edge check without the gap rule (solid_gap = false)", o);
   o = {};
   o.wall_yaw = false;
   run("yaw re-estimated by PCA of the inside points (wall_yaw = false)", o);
@@ -560,8 +570,9 @@ void ablation(const std::vector<tg::scene>& scenes) {
   o.veil_share = 0;
   run("no mixed-pixel (veil) filter (veil_share = 0)", o);
   o = {};
-  o.side_band = 0, o.edge_profile = false, o.wall_yaw = false, o.edge_yaw_always = false;
-  run("the four additions to the paper's method off", o);
+  o.side_band = 0, o.side_offset_pitch = 0, o.wall_yaw = false, o.edge_yaw_always = false;
+  o.fine_faces = false;
+  run("the additions to the paper's method off", o);
 }
 
 void full3d(int n, std::uint64_t seed) {
@@ -832,6 +843,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "generated %d scenes (noise x%g) in %.1f s\n", a.bags, nz,
                    ms_since(t0) / 1000);
       tg::mebb_options o;
+      if (const char* v = std::getenv("TIGHTFIT_BENCH_SIDE_OFFSET"))  // calibration runs
+        o.side_offset = std::atof(v), o.side_offset_pitch = 0;
       std::vector<record> rs;
       for (std::size_t i = 0; i < scenes.size(); ++i)
         rs.push_back(run_scene(scenes[i], a.seed + i, o, nz, rc));

@@ -220,13 +220,13 @@ measurement measure(const C& cloud, box_method method = box_method::mebb, belt_c
     check(q.size() >= o.min_points, "measure: ", q.size(), " points left after cleaning (",
           on_belt ? "belt removal, " : "", "voxel grid ", o.voxel,
           ", clustering, outlier removal), expected at least ", o.min_points);
-    mebb_result r = mebb_solve(q, on_belt, o);
+    mebb_result r = mebb_solve(q, on_belt, o, &raw);
     if (o.phase_check) {
       // the same cleaned points on a voxel lattice shifted by half a voxel: MEBB's faces snap to
       // voxel centroids, so a face that depends on the lattice is uncertain by that much
       const points q2 = voxel_downsample(raw, o.voxel, nullptr, 0.5);
       if (q2.size() >= o.min_points) {
-        const mebb_result r2 = mebb_solve(q2, on_belt, o);
+        const mebb_result r2 = mebb_solve(q2, on_belt, o, &raw);
         detail::merge_phase(r, r2);
       }
     }
