@@ -300,6 +300,24 @@ TEST_CASE("config.json: rope scaling, sliding windows and mlp_bias") {
   const model_config q3c = load_hf_config(dir.path());
   CHECK(q3c.layer_window(0) == 0);
   CHECK(q3c.layer_window(1) == 64);
+  // save_hf_config writes them back: every field survives the round trip
+  for (const model_config& c : {l, m, q, q3c}) {
+    CAPTURE(c.architecture);
+    scratch_dir out;
+    save_hf_config(c, out.path());
+    const model_config r = load_hf_config(out.path());
+    CHECK(r.rope_scaling.rope_type == c.rope_scaling.rope_type);
+    CHECK(r.rope_scaling.factor == c.rope_scaling.factor);
+    CHECK(r.rope_scaling.original_max_position_embeddings ==
+          c.rope_scaling.original_max_position_embeddings);
+    CHECK(r.rope_scaling.low_freq_factor == c.rope_scaling.low_freq_factor);
+    CHECK(r.rope_scaling.high_freq_factor == c.rope_scaling.high_freq_factor);
+    CHECK(r.rope_scaling.beta_fast == c.rope_scaling.beta_fast);
+    CHECK(r.max_position_embeddings == c.max_position_embeddings);
+    CHECK(r.mlp_bias == c.mlp_bias);
+    for (index_t layer = 0; layer < c.num_hidden_layers; ++layer)
+      CHECK(r.layer_window(layer) == c.layer_window(layer));
+  }
 }
 
 TEST_CASE("config.json: unsupported options and malformed input are refused by name") {
