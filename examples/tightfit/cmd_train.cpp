@@ -169,7 +169,7 @@ bool launched_rank_above_0() {
 
 /// The file of rank r's share of a sharded (ZeRO-1) state: FILE itself for rank 0 (with the
 /// weights), FILE.rankR for the others.
-std::string shard_path(const std::string& path, int rank) {
+[[maybe_unused]] std::string shard_path(const std::string& path, int rank) {  // with MPI only
   return rank == 0 ? path : path + ".rank" + std::to_string(rank);
 }
 
