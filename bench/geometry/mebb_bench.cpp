@@ -190,7 +190,7 @@ record run_scene(const tg::scene& sc, std::uint64_t seed, const tg::mebb_options
       std::fprintf(stderr, "\n");
     }
     t0 = clock_type::now();
-    (void)tg::mebb_solve(tr.voxels, r.belt, o);
+    (void)tg::mebb_solve(tr.voxels, r.belt, o, &tr.raw);  // what measure() solves
     r.solve_ms = ms_since(t0);
     const tg::rigid_transform back = tr.to_frame.inverse();
     auto in_input = [&](tg::oriented_box b) {
