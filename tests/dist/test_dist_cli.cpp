@@ -2,7 +2,8 @@
 // precision the losses and the trained weights equal the single-process run on the union batch
 // (every step's rows of both ranks) to 1e-12 for ZeRO-1 AdamW with gradient accumulation, BAdam
 // and BREAD-SGD; rank 0 alone prints and writes; a sharded state saved by 2 ranks resumes on 2
-// (4 steps = 2, save, resume 2) and is refused on 3 with a message naming both counts.
+// (4 steps = 2, save, resume 2) and is refused on 3 with a message naming both counts; bad input
+// ends the whole job, a wrong argument prints the usage once (rank 0).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -168,4 +169,25 @@ TEST_CASE("mpirun -np 2: a ZeRO-1 state saved by 2 ranks resumes on 2, and not o
       cli_testing::run(f.common("adam") + " --batch 2 --steps 1 --resume " + q(state));
   CHECK(alone.code == 1);
   CHECK(alone.err.find("saved by a run of 2 ranks, this run has 1") != std::string::npos);
+}
+
+TEST_CASE("mpirun -np 2: bad input ends the whole job with one report per rank, usage once") {
+  fixture f;
+  // A data file that does not exist: every rank fails before any collective, the job ends.
+  const auto missing = f.dir / "no-such-rows.safetensors";
+  auto r = mpirun(2, "train --model " + q(f.model) + " --data " + q(missing) +
+                         " --optimizer adam --parallel data --quiet");
+  CHECK(r.code != 0);
+  CHECK(r.err.find("tightfit train: ") != std::string::npos);
+  CHECK(r.err.find("no-such-rows.safetensors") != std::string::npos);
+  CHECK(r.out.empty());
+  // A wrong argument: exit 2, the message and the usage from rank 0 only.
+  r = mpirun(2, f.common("adam") + " --parallel data --grad-accum 0");
+  CHECK(r.code == 2);
+  std::size_t usages = 0;
+  for (auto at = r.err.find("usage: tightfit train"); at != std::string::npos;
+       at = r.err.find("usage: tightfit train", at + 1))
+    ++usages;
+  CHECK(usages == 1);
+  CHECK(r.err.find("--grad-accum") != std::string::npos);
 }
