@@ -59,6 +59,13 @@ int run_plan(const model_config& cfg, index_t batch, index_t seq, std::size_t bu
       static_cast<long long>(p.max_seq_checkpoint_spaced),
       static_cast<long long>(p.checkpoint_keep_every),
       static_cast<long long>(p.max_seq_stream_spaced), static_cast<long long>(p.stream_keep_every));
+  std::printf(
+      "largest T with the layer inputs offloaded to host memory (device backends): checkpoint "
+      "%lld (host %.1f MiB), stream %lld (host %.1f MiB)\n",
+      static_cast<long long>(p.max_seq_checkpoint_offload),
+      double(p.checkpoint_offload_host_bytes) / 1048576.0,
+      static_cast<long long>(p.max_seq_stream_offload),
+      double(p.stream_offload_host_bytes) / 1048576.0);
   if (p.max_seq_checkpoint > 0)
     std::printf("stream / checkpoint sequence length: %.2fx (with spacing: %.2fx)\n",
                 double(p.max_seq_stream) / double(p.max_seq_checkpoint),

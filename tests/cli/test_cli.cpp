@@ -135,4 +135,5 @@ TEST_CASE("plan prints the chunk and the largest sequence per schedule") {
   REQUIRE(r.code == 0);
   CHECK(r.out.find("largest T: full") != std::string::npos);
   CHECK(r.out.find("stream / checkpoint") != std::string::npos);
+  CHECK(r.out.find("offloaded to host memory (device backends): checkpoint") != std::string::npos);
 }
