@@ -103,7 +103,7 @@ requires(std::is_same_v<Storage, float> ||
     check(n >= 0, "cuda_backend::allocate: element count is ", n, ", expected >= 0");
     if (n == 0) return {};
     ctx_.ensure();
-    return detail::cuda_buffer<U>(memory_, ctx_.stream(), n);
+    return detail::cuda_buffer<U>(memory_, n, {ctx_.stream()});
   }
   /// Host -> device (sizes must match). Queued on the stream; src may be reused on return.
   template <class U>

@@ -15,51 +15,18 @@
 
 namespace tightfit {
 
+/// Storage that holds no bytes: a fake, never dereferenced address (the dry run counts only).
+struct meta_storage {
+  static constexpr const char* name = "meta_buffer";
+  void* allocate(std::size_t) {
+    return reinterpret_cast<void*>(std::uintptr_t{1} << 44);  // NOLINT: never dereferenced
+  }
+  void deallocate(void*, std::size_t) noexcept {}
+};
+
 /// A counted allocation without storage.
 template <class U>
-class meta_buffer {
- public:
-  meta_buffer() = default;
-  meta_buffer(memory_counter& counter, index_t count) : counter_(&counter), size_(count) {
-    check(count >= 0, "meta_buffer: element count is ", count, ", expected >= 0");
-    if (size_ > 0) counter_->on_allocate(bytes());
-  }
-  meta_buffer(meta_buffer&& o) noexcept
-      : counter_(std::exchange(o.counter_, nullptr)), size_(std::exchange(o.size_, 0)) {}
-  meta_buffer& operator=(meta_buffer&& o) noexcept {
-    if (this != &o) {
-      release();
-      counter_ = std::exchange(o.counter_, nullptr);
-      size_ = std::exchange(o.size_, 0);
-    }
-    return *this;
-  }
-  meta_buffer(const meta_buffer&) = delete;
-  meta_buffer& operator=(const meta_buffer&) = delete;
-  ~meta_buffer() { release(); }
-
-  U* data() const { return size_ > 0 ? fake_address() : nullptr; }
-  index_t size() const { return size_; }
-  bool empty() const { return size_ == 0; }
-  std::span<U> span() const { return {data(), static_cast<std::size_t>(size_)}; }
-  matrix_view<U> view(index_t rows, index_t cols) const { return as_matrix(span(), rows, cols); }
-  tensor3_view<U> view(index_t batch, index_t rows, index_t cols) const {
-    return {data(), batch, rows, cols};
-  }
-  void reset() { release(); }
-
- private:
-  static U* fake_address() {
-    return reinterpret_cast<U*>(std::uintptr_t{1} << 44);  // NOLINT: never dereferenced
-  }
-  std::size_t bytes() const { return static_cast<std::size_t>(size_) * sizeof(U); }
-  void release() {
-    if (size_ > 0) counter_->on_free(bytes());
-    size_ = 0;
-  }
-  memory_counter* counter_ = nullptr;
-  index_t size_ = 0;
-};
+using meta_buffer = counted_buffer<U, meta_storage>;
 
 /// The dry-run backend: counted allocations, no-op kernels.
 template <std::floating_point T>

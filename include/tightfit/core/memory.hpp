@@ -1,4 +1,5 @@
-// tightfit/core/memory.hpp: memory accounting and the counted host buffer.
+// tightfit/core/memory.hpp: memory accounting and the counted buffer (host storage here; the
+// meta and CUDA backends plug their own storage into counted_buffer).
 //
 // Every activation buffer is allocated through a backend, and every backend owns one
 // memory_counter: live bytes, peak bytes since the last reset, and nested scoped peaks
@@ -6,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <concepts>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -79,37 +81,48 @@ class peak_scope {
   std::size_t entry_live_;
 };
 
-/// An owning, zero-initialised, 64-byte aligned host array whose bytes are counted by a
-/// memory_counter. Move-only.
-template <class T>
-class host_buffer {
+/// Where a counted_buffer's bytes live. `allocate(bytes)` returns zero-filled memory (never null
+/// for bytes > 0, throws on failure); `deallocate(p, bytes)` frees it; `name` names the buffer in
+/// error messages. The host, pinned-host, device and meta (dry-run) buffers differ only here.
+template <class S>
+concept BufferStorage = std::movable<S> && requires(S s, void* p, std::size_t n) {
+  { s.allocate(n) } -> std::same_as<void*>;
+  { s.deallocate(p, n) }
+  noexcept;
+  { S::name } -> std::convertible_to<const char*>;
+};
+
+/// An owning, zero-initialised array of `size()` T whose size() * sizeof(T) bytes are counted by
+/// a memory_counter while it lives; the Storage policy says where they live. Move-only.
+template <class T, BufferStorage Storage>
+class counted_buffer {
  public:
-  host_buffer() = default;
-  host_buffer(memory_counter& counter, index_t count) : counter_(&counter), size_(count) {
-    check(count >= 0, "host_buffer: element count is ", count, ", expected >= 0");
+  counted_buffer() = default;
+  counted_buffer(memory_counter& counter, index_t count, Storage storage = {})
+      : counter_(&counter), storage_(std::move(storage)), size_(count) {
+    check(count >= 0, Storage::name, ": element count is ", count, ", expected >= 0");
     if (count == 0) return;
-    const std::size_t bytes = padded_bytes();
-    data_ = static_cast<T*>(std::aligned_alloc(alignment, bytes));
-    if (data_ == nullptr) throw std::bad_alloc();
-    std::memset(static_cast<void*>(data_), 0, bytes);
-    counter_->on_allocate(bytes_counted());
+    data_ = static_cast<T*>(storage_.allocate(bytes()));
+    counter_->on_allocate(bytes());
   }
-  host_buffer(host_buffer&& o) noexcept
+  counted_buffer(counted_buffer&& o) noexcept
       : counter_(std::exchange(o.counter_, nullptr)),
+        storage_(std::move(o.storage_)),
         data_(std::exchange(o.data_, nullptr)),
         size_(std::exchange(o.size_, 0)) {}
-  host_buffer& operator=(host_buffer&& o) noexcept {
+  counted_buffer& operator=(counted_buffer&& o) noexcept {
     if (this != &o) {
       release();
       counter_ = std::exchange(o.counter_, nullptr);
+      storage_ = std::move(o.storage_);
       data_ = std::exchange(o.data_, nullptr);
       size_ = std::exchange(o.size_, 0);
     }
     return *this;
   }
-  host_buffer(const host_buffer&) = delete;
-  host_buffer& operator=(const host_buffer&) = delete;
-  ~host_buffer() { release(); }
+  counted_buffer(const counted_buffer&) = delete;
+  counted_buffer& operator=(const counted_buffer&) = delete;
+  ~counted_buffer() { release(); }
 
   T* data() const { return data_; }
   index_t size() const { return size_; }
@@ -119,32 +132,47 @@ class host_buffer {
   matrix_view<T> view(index_t rows, index_t cols) const { return as_matrix(span(), rows, cols); }
   /// The buffer seen as (batch, rows, cols).
   tensor3_view<T> view(index_t batch, index_t rows, index_t cols) const {
-    check(batch * rows * cols == size_, "host_buffer::view: ", size_,
+    check(batch * rows * cols == size_, Storage::name, "::view: ", size_,
           " elements cannot be seen as ", batch, "x", rows, "x", cols);
     return {data_, batch, rows, cols};
   }
   /// Frees the memory now (the buffer becomes empty).
   void reset() { release(); }
 
-  static constexpr std::size_t alignment = 64;
-
  private:
-  std::size_t bytes_counted() const { return static_cast<std::size_t>(size_) * sizeof(T); }
-  std::size_t padded_bytes() const {
-    return (bytes_counted() + alignment - 1) / alignment * alignment;
-  }
-  void release() {
+  std::size_t bytes() const { return static_cast<std::size_t>(size_) * sizeof(T); }
+  void release() noexcept {
     if (data_ != nullptr) {
-      counter_->on_free(bytes_counted());
-      std::free(data_);
+      storage_.deallocate(data_, bytes());
+      counter_->on_free(bytes());
     }
     data_ = nullptr;
     size_ = 0;
   }
 
   memory_counter* counter_ = nullptr;
+  [[no_unique_address]] Storage storage_{};
   T* data_ = nullptr;
   index_t size_ = 0;
 };
+
+/// Host memory from std::aligned_alloc, 64-byte aligned (the size rounded up to whole lines).
+struct aligned_host_storage {
+  static constexpr const char* name = "host_buffer";
+  static constexpr std::size_t alignment = 64;
+  void* allocate(std::size_t bytes) {
+    const std::size_t padded = (bytes + alignment - 1) / alignment * alignment;
+    void* p = std::aligned_alloc(alignment, padded);
+    if (p == nullptr) throw std::bad_alloc();
+    std::memset(p, 0, padded);
+    return p;
+  }
+  void deallocate(void* p, std::size_t) noexcept { std::free(p); }
+};
+
+/// An owning, zero-initialised, 64-byte aligned host array whose bytes are counted by a
+/// memory_counter. Move-only.
+template <class T>
+using host_buffer = counted_buffer<T, aligned_host_storage>;
 
 }  // namespace tightfit

@@ -136,125 +136,40 @@ class cuda_context {
   int sm_count_ = 0;
 };
 
-/// An owning, zero-initialised device array of n elements, counted by a memory_counter and
-/// allocated stream-ordered (cudaMallocAsync) on the backend's stream. Move-only.
-template <class T>
-class cuda_buffer {
- public:
-  cuda_buffer() = default;
-  cuda_buffer(memory_counter& counter, cudaStream_t stream, index_t count)
-      : counter_(&counter), stream_(stream), size_(count) {
-    check(count >= 0, "cuda_buffer: element count is ", count, ", expected >= 0");
-    if (count == 0) return;
+/// Device memory allocated stream-ordered (cudaMallocAsync, zeroed by cudaMemsetAsync) on one
+/// stream, freed stream-ordered after every queued use.
+struct cuda_stream_storage {
+  static constexpr const char* name = "cuda_buffer";
+  cudaStream_t stream = nullptr;
+  void* allocate(std::size_t bytes) {
     void* p = nullptr;
-    cuda_check(cudaMallocAsync(&p, bytes(), stream_), "cudaMallocAsync");
-    data_ = static_cast<T*>(p);
-    cuda_check(cudaMemsetAsync(p, 0, bytes(), stream_), "cudaMemsetAsync");
-    counter_->on_allocate(bytes());
+    cuda_check(cudaMallocAsync(&p, bytes, stream), "cudaMallocAsync");
+    cuda_check(cudaMemsetAsync(p, 0, bytes, stream), "cudaMemsetAsync");
+    return p;
   }
-  cuda_buffer(cuda_buffer&& o) noexcept
-      : counter_(std::exchange(o.counter_, nullptr)),
-        stream_(std::exchange(o.stream_, nullptr)),
-        data_(std::exchange(o.data_, nullptr)),
-        size_(std::exchange(o.size_, 0)) {}
-  cuda_buffer& operator=(cuda_buffer&& o) noexcept {
-    if (this != &o) {
-      release();
-      counter_ = std::exchange(o.counter_, nullptr);
-      stream_ = std::exchange(o.stream_, nullptr);
-      data_ = std::exchange(o.data_, nullptr);
-      size_ = std::exchange(o.size_, 0);
-    }
-    return *this;
-  }
-  cuda_buffer(const cuda_buffer&) = delete;
-  cuda_buffer& operator=(const cuda_buffer&) = delete;
-  ~cuda_buffer() { release(); }
-
-  T* data() const { return data_; }
-  index_t size() const { return size_; }
-  bool empty() const { return size_ == 0; }
-  std::span<T> span() const { return {data_, static_cast<std::size_t>(size_)}; }
-  /// The buffer seen as a contiguous (rows, cols) matrix; rows * cols must equal size().
-  matrix_view<T> view(index_t rows, index_t cols) const { return as_matrix(span(), rows, cols); }
-  /// The buffer seen as (batch, rows, cols).
-  tensor3_view<T> view(index_t batch, index_t rows, index_t cols) const {
-    check(batch * rows * cols == size_, "cuda_buffer::view: ", size_,
-          " elements cannot be seen as ", batch, "x", rows, "x", cols);
-    return {data_, batch, rows, cols};
-  }
-  void reset() { release(); }
-
- private:
-  std::size_t bytes() const { return static_cast<std::size_t>(size_) * sizeof(T); }
-  void release() {
-    if (data_ != nullptr) {
-      cudaFreeAsync(data_, stream_);  // stream-ordered: after every queued use
-      counter_->on_free(bytes());
-    }
-    data_ = nullptr;
-    size_ = 0;
-  }
-  memory_counter* counter_ = nullptr;
-  cudaStream_t stream_ = nullptr;
-  T* data_ = nullptr;
-  index_t size_ = 0;
+  void deallocate(void* p, std::size_t) noexcept { cudaFreeAsync(p, stream); }
 };
 
-/// An owning, zero-initialised page-locked host array (cudaMallocHost) of n elements, counted
-/// by the backend's host-tier memory_counter: the host memory tier of backend/offload.hpp.
-/// Move-only. Freeing it (cudaFreeHost) synchronises the device.
+/// An owning, zero-initialised device array, counted by the backend's memory_counter. Move-only.
 template <class T>
-class cuda_pinned_buffer {
- public:
-  cuda_pinned_buffer() = default;
-  cuda_pinned_buffer(memory_counter& counter, index_t count) : counter_(&counter), size_(count) {
-    check(count >= 0, "cuda_pinned_buffer: element count is ", count, ", expected >= 0");
-    if (count == 0) return;
+using cuda_buffer = counted_buffer<T, cuda_stream_storage>;
+
+/// Page-locked host memory (cudaMallocHost, zeroed): the host memory tier of backend/offload.hpp.
+/// Freeing it (cudaFreeHost) synchronises the device.
+struct cuda_pinned_storage {
+  static constexpr const char* name = "cuda_pinned_buffer";
+  void* allocate(std::size_t bytes) {
     void* p = nullptr;
-    cuda_check(cudaMallocHost(&p, bytes()), "cudaMallocHost");
-    data_ = static_cast<T*>(p);
-    std::memset(p, 0, bytes());
-    counter_->on_allocate(bytes());
+    cuda_check(cudaMallocHost(&p, bytes), "cudaMallocHost");
+    std::memset(p, 0, bytes);
+    return p;
   }
-  cuda_pinned_buffer(cuda_pinned_buffer&& o) noexcept
-      : counter_(std::exchange(o.counter_, nullptr)),
-        data_(std::exchange(o.data_, nullptr)),
-        size_(std::exchange(o.size_, 0)) {}
-  cuda_pinned_buffer& operator=(cuda_pinned_buffer&& o) noexcept {
-    if (this != &o) {
-      release();
-      counter_ = std::exchange(o.counter_, nullptr);
-      data_ = std::exchange(o.data_, nullptr);
-      size_ = std::exchange(o.size_, 0);
-    }
-    return *this;
-  }
-  cuda_pinned_buffer(const cuda_pinned_buffer&) = delete;
-  cuda_pinned_buffer& operator=(const cuda_pinned_buffer&) = delete;
-  ~cuda_pinned_buffer() { release(); }
-
-  T* data() const { return data_; }
-  index_t size() const { return size_; }
-  bool empty() const { return size_ == 0; }
-  std::span<T> span() const { return {data_, static_cast<std::size_t>(size_)}; }
-  matrix_view<T> view(index_t rows, index_t cols) const { return as_matrix(span(), rows, cols); }
-  void reset() { release(); }
-
- private:
-  std::size_t bytes() const { return static_cast<std::size_t>(size_) * sizeof(T); }
-  void release() {
-    if (data_ != nullptr) {
-      cudaFreeHost(data_);
-      counter_->on_free(bytes());
-    }
-    data_ = nullptr;
-    size_ = 0;
-  }
-  memory_counter* counter_ = nullptr;
-  T* data_ = nullptr;
-  index_t size_ = 0;
+  void deallocate(void* p, std::size_t) noexcept { cudaFreeHost(p); }
 };
+
+/// An owning, zero-initialised pinned host array, counted by the backend's host-tier counter.
+template <class T>
+using cuda_pinned_buffer = counted_buffer<T, cuda_pinned_storage>;
 
 /// A view of the same extents over another element type, for the shape checks only (they read
 /// extents and compare the pointer with null, never an element): lets a bf16 backend reuse the
