@@ -228,9 +228,12 @@ inline points read_ply(std::istream& in, const std::string& path, long long leng
     // in chunks of at most 2^16 vertices: memory follows the data actually present
     const std::size_t chunk = 1u << 16;
     std::vector<char> buf(stride * std::min(ve.count, chunk));
+    std::vector<char> is_float(ve.props.size());  // decided once, not per coordinate
+    for (std::size_t k = 0; k < ve.props.size(); ++k)
+      is_float[k] = detail::ply_is_float(ve.props[k].type);
     auto get = [&](std::size_t r, int k) {
       const char* p = buf.data() + r * stride + offs[static_cast<std::size_t>(k)];
-      if (detail::ply_is_float(ve.props[static_cast<std::size_t>(k)].type)) {
+      if (is_float[static_cast<std::size_t>(k)]) {
         float f;
         std::memcpy(&f, p, 4);
         return static_cast<double>(f);

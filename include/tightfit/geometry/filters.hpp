@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tightfit/core/error.hpp"
+#include "tightfit/core/parallel.hpp"
 #include "tightfit/geometry/kdtree.hpp"
 #include "tightfit/geometry/point_cloud.hpp"
 
@@ -288,15 +289,18 @@ inline std::vector<char> statistical_inliers(const points& in, int k = 8, double
   if (in.size() <= static_cast<std::size_t>(k)) return std::vector<char>(in.size(), 1);
   points_tree tree(in);
   const auto kk = static_cast<std::size_t>(k) + 1;  // the point itself comes first
-  std::vector<std::size_t> idx(kk);
-  std::vector<double> d2(kk);
-  std::vector<double> mean(in.size());
-  for (std::size_t i = 0; i < in.size(); ++i) {
-    const std::size_t n = tree.knn(in[i], kk, idx.data(), d2.data());
-    double s = 0;
-    for (std::size_t j = 1; j < n; ++j) s += std::sqrt(d2[j]);
-    mean[i] = n > 1 ? s / static_cast<double>(n - 1) : 0.0;
-  }
+  std::vector<double> mean(in.size());              // (n) mean distance to the k neighbours
+  // independent queries: the same means for any number of threads
+  parallel_for(0, static_cast<index_t>(in.size()), 512, [&](index_t i0, index_t i1) {
+    std::vector<std::size_t> idx(kk);
+    std::vector<double> d2(kk);
+    for (auto i = static_cast<std::size_t>(i0); i < static_cast<std::size_t>(i1); ++i) {
+      const std::size_t n = tree.knn(in[i], kk, idx.data(), d2.data());
+      double s = 0;
+      for (std::size_t j = 1; j < n; ++j) s += std::sqrt(d2[j]);
+      mean[i] = n > 1 ? s / static_cast<double>(n - 1) : 0.0;
+    }
+  });
   double mu = 0, var = 0;
   for (double m : mean) mu += m;
   mu /= static_cast<double>(mean.size());
@@ -344,9 +348,9 @@ inline std::vector<std::vector<std::size_t>> euclidean_clusters(const points& in
         for (std::size_t a = grid.begin(c); a < grid.end(c); ++a)
           for (std::size_t b = (n == c ? a + 1 : grid.begin(n)); b < grid.end(n); ++b) {
             const std::size_t i = order[a], j = order[b];
-            std::size_t ri = find(i), rj = find(j);
-            if (ri == rj || (in[i] - in[j]).squaredNorm() >= r2) continue;
-            parent[std::max(ri, rj)] = std::min(ri, rj);
+            if ((in[i] - in[j]).squaredNorm() >= r2) continue;
+            const std::size_t ri = find(i), rj = find(j);
+            if (ri != rj) parent[std::max(ri, rj)] = std::min(ri, rj);
           }
       }
     }
