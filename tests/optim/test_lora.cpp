@@ -4,13 +4,18 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <unistd.h>
+#include <nlohmann/json.hpp>
+
 #include "optim_testing.hpp"
+#include "tightfit/backend/meta.hpp"
 #include "tightfit/nn/lora.hpp"
 #include "tightfit/nn/peft.hpp"
 #include "tightfit/optim/lora_optimizer.hpp"
@@ -326,4 +331,131 @@ TEST_CASE("LoRA initialisation: PEFT's (A uniform in 1/sqrt(in), B zero), seeded
   CHECK(host(ap, 0) == first);
   a.init(6);
   CHECK(host(ap, 0) != first);
+}
+
+TEST_CASE("LoRA peak bytes: a dry run on meta_backend equals the measured peak") {
+  const auto cfg = lora_test_config(true);
+  const random_batch batch(2, 9, cfg.vocab_size, {9, 7}, 6);
+  lora_config lc;
+  lc.rank = 3;
+  lc.target_modules = {"all-linear"};
+  for (auto sched :
+       {backward_schedule::full, backward_schedule::checkpoint, backward_schedule::stream}) {
+    CAPTURE(to_string(sched));
+    ref be;
+    decoder_model<ref> model(be, cfg);
+    model.init_random(3, 0.3, 0.2);
+    lora_adapters<ref> lora(model, lc);
+    lora_optimizer<ref> opt(lora);
+    sft_loss loss;
+    const auto measured = opt.step(batch.view(), loss, schedule_opts(sched)).backward;
+
+    meta_backend<double> dry_be;
+    decoder_model<meta_backend<double>> dry(dry_be, cfg);
+    lora_adapters<meta_backend<double>> dry_lora(dry, lc);
+    lora_optimizer<meta_backend<double>> dry_opt(dry_lora);
+    sft_loss dry_loss;
+    const auto predicted = dry_opt.step(batch.view(), dry_loss, schedule_opts(sched)).backward;
+    CHECK(predicted.peak_activation_bytes == measured.peak_activation_bytes);
+    CHECK(predicted.peak_bytes == measured.peak_bytes);
+    CHECK(dry_opt.state_bytes() == 2 * lora.parameters().total_numel() * sizeof(double));
+  }
+}
+
+TEST_CASE("LoRA training: train() with AdamW on the adapters lowers the loss, base frozen") {
+  const auto cfg = optim_testing::config(3);
+  ref be;
+  decoder_model<ref> model(be, cfg);
+  model.init_random(5, 0.1);
+  std::vector<std::vector<double>> base;
+  for (std::size_t i = 0; i < model.parameters().size(); ++i)
+    base.push_back(host(model.parameters(), i));
+  // counting sequences: token t + 1 follows token t (mod 8)
+  const index_t n = 4, t = 16;
+  std::vector<token_id> ids;
+  for (index_t r = 0; r < n; ++r)
+    for (index_t k = 0; k < t; ++k) ids.push_back((3 * r + k) % 8);
+  token_dataset data(n, t, ids);
+  lora_config lc;
+  lc.rank = 4;
+  lc.alpha = 8;
+  lc.target_modules = {"all-linear"};
+  lora_adapters<ref> lora(model, lc);
+  adamw_update_rule w;
+  w.lr = 0.02;
+  lora_optimizer<ref> opt(lora, w, 1.0);
+  train_options o;
+  o.steps = 30;
+  o.batch = 2;
+  o.backward.chunk = 8;
+  const auto sum = train(model, data, opt, constant_schedule{}, o, sft_loss{});
+  REQUIRE(sum.losses.size() == 30);
+  const double first = sum.losses[0] + sum.losses[1], last = sum.losses[28] + sum.losses[29];
+  CHECK(last < 0.8 * first);
+  CHECK(opt.steps() == 30);
+  for (std::size_t i = 0; i < model.parameters().size(); ++i) {
+    CHECK(host(model.parameters(), i) == base[i]);  // bit for bit: frozen
+    CHECK_FALSE(model.parameters().has_grad(i));
+  }
+  // gradient accumulation over 2 micro-batches of 1 row == one batch of 2 rows (1e-12)
+  ref be2;
+  decoder_model<ref> m1(be2, cfg), m2(be2, cfg);
+  m1.init_random(5, 0.1);
+  m2.init_random(5, 0.1);
+  lora_adapters<ref> l1(m1, lc), l2(m2, lc);
+  randomise_b(l1, 3);
+  randomise_b(l2, 3);
+  lora_optimizer<ref> o1(l1, w), o2(l2, w);
+  train_options one = o, acc = o;
+  one.steps = acc.steps = 3;
+  acc.batch = 1;
+  acc.grad_accum = 2;
+  train(m1, data, o1, constant_schedule{}, one, sft_loss{});
+  train(m2, data, o2, constant_schedule{}, acc, sft_loss{});
+  double worst = 0;
+  for (std::size_t i = 0; i < l1.parameters().size(); ++i)
+    worst = std::max(worst, max_rel_diff(host(l2.parameters(), i), host(l1.parameters(), i)));
+  CHECK(worst < 1e-12);
+}
+
+TEST_CASE("LoRA PEFT files: save, load into fresh adapters, refuse a different configuration") {
+  const auto cfg = lora_test_config(false);
+  ref be;
+  decoder_model<ref> model(be, cfg);
+  lora_config lc;
+  lc.rank = 2;
+  lc.alpha = 3;
+  lc.target_modules = {"v_proj", "gate_proj"};
+  lora_adapters<ref> lora(model, lc);
+  randomise_b(lora, 21);
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("tightfit_lora_" + std::to_string(::getpid()));
+  save_peft_adapter(dir, lora, {"my/base", true});
+  const lora_config back = read_peft_config(dir);
+  CHECK(back.rank == 2);
+  CHECK(back.alpha == 3);
+  CHECK(back.projections() == lora.targets());
+  ref be2;
+  decoder_model<ref> model2(be2, cfg);
+  lora_config other = back;
+  other.seed = 99;  // a different initialisation, overwritten by the load
+  lora_adapters<ref> lora2(model2, other);
+  load_peft_adapter(dir, lora2);
+  for (std::size_t i = 0; i < lora.parameters().size(); ++i)
+    CHECK(host(lora2.parameters(), i) == host(lora.parameters(), i));
+  ref be3;
+  decoder_model<ref> model3(be3, cfg);
+  lora_config wrong = back;
+  wrong.rank = 4;
+  lora_adapters<ref> lora3(model3, wrong);
+  CHECK_THROWS_WITH_AS(load_peft_adapter(dir, lora3), doctest::Contains("r is 2"), error);
+  // a dropout the backward cannot honour is refused, naming the file
+  {
+    std::ifstream in(dir / "adapter_config.json");
+    auto j = nlohmann::json::parse(in);
+    j["lora_dropout"] = 0.1;
+    std::ofstream(dir / "adapter_config.json") << j.dump();
+  }
+  CHECK_THROWS_WITH_AS(read_peft_config(dir), doctest::Contains("lora_dropout"), error);
+  std::filesystem::remove_all(dir);
 }
