@@ -121,11 +121,11 @@ class decoder_layer {
   }
 
   const decoder_layer_params& param_ids() const { return ids_; }
+  index_t layer_index() const { return index_; }
 
   /// Binds LoRA adapters to this layer's projections (an empty binding removes them).
   void set_lora(const lora_binding<B>& binding) { lora_ = binding; }
   const lora_binding<B>& lora() const { return lora_; }
-  index_t layer_index() const { return index_; }
 
   /// y (B*T, d) = layer(x (B*T, d)), `chunk` positions at a time (a KV-cache style forward:
   /// chunk j appends its K/V rows, then attends to the prefix). keep: keep every activation.

@@ -11,6 +11,8 @@
 // errors name the field and the file.
 #pragma once
 
+#include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -36,6 +38,10 @@ struct peft_save_options {
 /// writes them after resolving "all-linear").
 inline nlohmann::json peft_adapter_config(const lora_config& cfg, const peft_save_options& o = {}) {
   cfg.validate();
+  // lora_alpha as PEFT writes it: an integer when it is one
+  const nlohmann::json alpha = cfg.alpha == std::floor(cfg.alpha) && cfg.alpha < 9007199254740992.0
+                                   ? nlohmann::json(static_cast<std::int64_t>(cfg.alpha))
+                                   : nlohmann::json(cfg.alpha);
   nlohmann::json targets = nlohmann::json::array();
   for (projection p : cfg.projections()) targets.push_back(projection_name(p));
   return nlohmann::json{
@@ -48,7 +54,7 @@ inline nlohmann::json peft_adapter_config(const lora_config& cfg, const peft_sav
       {"revision", nullptr},
       {"inference_mode", o.inference_mode},
       {"r", cfg.rank},
-      {"lora_alpha", cfg.alpha},
+      {"lora_alpha", alpha},
       {"lora_dropout", cfg.dropout},
       {"target_modules", targets},
       {"fan_in_fan_out", false},
