@@ -1,5 +1,6 @@
 // tightfit train: SFT training of a decoder model with a full or block coordinate optimizer
-// (Adam, AdamW, SGD, BAdam, BREAD-SGD, BREAD-LoRA) on a tokenized safetensors data set, with
+// (Adam, AdamW, SGD, BAdam, BREAD-SGD, BREAD-LoRA) or LoRA adapters (AdamW on the adapters, the
+// model frozen; written in the PEFT layout) on a tokenized safetensors data set, with
 // gradient accumulation (--grad-accum) and, under mpirun, data parallelism (--parallel data:
 // ZeRO-1 for the full optimizers, the active block only for BAdam / BREAD-SGD).
 #include <cstdio>
@@ -20,9 +21,12 @@
 #include "tightfit/io/token_file.hpp"
 #include "tightfit/loss/sft.hpp"
 #include "tightfit/nn/hf_model.hpp"
+#include "tightfit/nn/lora.hpp"
+#include "tightfit/nn/peft.hpp"
 #include "tightfit/nn/presets.hpp"
 #include "tightfit/optim/callbacks.hpp"
 #include "tightfit/optim/checkpoint.hpp"
+#include "tightfit/optim/lora_optimizer.hpp"
 #include "tightfit/optim/optim.hpp"
 #include "tightfit/optim/train.hpp"
 #if defined(TIGHTFIT_HAS_MPI)
@@ -37,7 +41,7 @@ void train_usage(std::FILE* out) {
   std::fprintf(
       out,
       "usage: tightfit train (--model DIR | --preset NAME) --data FILE\n"
-      "         --optimizer adam|adamw|sgd|badam|bread-sgd|bread-lora [options]\n"
+      "         --optimizer adam|adamw|sgd|badam|bread-sgd|bread-lora|lora [options]\n"
       "  --preset NAME        tiny, or a preset of nn/presets.hpp (qwen3-bench, small, ...)\n"
       "  --data FILE          safetensors with input_ids (N, T) and optional labels (N, T)\n"
       "  --steps N            optimizer steps (default 100)\n"
@@ -61,6 +65,12 @@ void train_usage(std::FILE* out) {
       "  --bread-lr X         BREAD-SGD step (default 1e-5) / BREAD-LoRA adapter lr (1e-4)\n"
       "  --bread-scope S      partial|all (default partial); --sign (signSGD)\n"
       "  --rank R             BREAD-LoRA rank (default 8); --loraplus R (lr ratio, default 1)\n"
+      "  --lora-rank R        LoRA (--optimizer lora): rank (default 8); --lora-alpha A (default\n"
+      "                       16; scale A / R, or A / sqrt(R) with --rslora); --lora-dropout 0\n"
+      "  --target-modules M   q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj (any of\n"
+      "                       them, comma-separated) or all-linear (default q_proj,v_proj)\n"
+      "  --adapter DIR        LoRA: start from this PEFT adapter (its adapter_config.json gives\n"
+      "                       rank, alpha and targets)\n"
       "  --seed S             model initialisation (presets) and block order seed (default 1)\n"
       "  --log FILE           JSON lines, one per step\n"
       "  --save-state FILE    checkpoint (weights + optimizer state) at the end; with\n"
@@ -68,7 +78,10 @@ void train_usage(std::FILE* out) {
       "  --resume FILE        continue from a checkpoint (saved with as many ranks)\n"
       "  --deterministic      same bits on every run (the two-pass attention backward, 1.4x its\n"
       "                       matmul work): a resumed run then matches the uninterrupted one\n"
-      "  --save-model DIR     write the trained weights (model.safetensors + config.json)\n"
+      "  --save-model DIR     write the trained weights (model.safetensors + config.json); LoRA:\n"
+      "                       the adapter (adapter_model.safetensors + adapter_config.json)\n"
+      "  --merge-out DIR      LoRA: merge the adapters into the weights (W += s B A) and write\n"
+      "                       the merged model (model.safetensors + config.json)\n"
       "  --quiet              no progress line\n");
 }
 
@@ -88,9 +101,13 @@ model_config train_preset(const std::string& name) {
 }
 
 struct args {
-  std::string model, preset, data, optimizer, schedule = "constant", order = "random", start_block,
-                                              log, save_state, resume, save_model, sched = "stream",
-                                              scope = "partial", parallel, dtype = "f32";
+  std::string model, preset, data, optimizer,
+      schedule = "constant", order = "random", start_block, log, save_state, resume, save_model,
+      sched = "stream", scope = "partial", parallel, dtype = "f32", adapter, merge_out;
+  std::optional<index_t> lora_rank;
+  std::optional<double> lora_alpha, lora_dropout;
+  std::optional<std::string> target_modules;
+  bool rslora = false;
   std::int64_t steps = 100, total_steps = 0;  // 0: steps done + steps
   index_t batch = 1, grad_accum = 1, chunk = 512, switch_every = 50, rank = 8;
   std::optional<double> lr, bread_lr;
@@ -106,16 +123,46 @@ constexpr long long big = 1LL << 62;
 /// Learning rates above this are refused as absurd (they diverge at the first step).
 constexpr double max_lr = 1e3;
 
+/// The LoRA configuration of the options (without --adapter); throws tightfit::error naming a bad
+/// value (dropout other than 0, an unknown module).
+lora_config cli_lora_config(const args& a) {
+  lora_config c;
+  c.rank = a.lora_rank.value_or(8);
+  c.alpha = a.lora_alpha.value_or(16);
+  c.dropout = a.lora_dropout.value_or(0);
+  c.use_rslora = a.rslora;
+  c.target_modules = split_target_modules(a.target_modules.value_or("q_proj,v_proj"));
+  c.seed = a.seed;
+  c.validate();
+  return c;
+}
+
 /// Argument checks that need no file: every wrong value is a usage error (exit 2), reported
 /// before the model and the data are loaded.
 void validate(const args& a) {
   if (a.model.empty() == a.preset.empty() || a.data.empty() || a.optimizer.empty())
     throw usage_error{"give one of --model / --preset, and --data and --optimizer"};
-  static const std::set<std::string> optimizers{"adam",  "adamw",     "sgd",
-                                                "badam", "bread-sgd", "bread-lora"};
+  static const std::set<std::string> optimizers{"adam",      "adamw",      "sgd", "badam",
+                                                "bread-sgd", "bread-lora", "lora"};
   if (!optimizers.contains(a.optimizer))
     throw usage_error{"unknown optimizer '" + a.optimizer +
-                      "', expected adam, adamw, sgd, badam, bread-sgd or bread-lora"};
+                      "', expected adam, adamw, sgd, badam, bread-sgd, bread-lora or lora"};
+  const bool lora = a.optimizer == "lora";
+  const bool lora_given = a.lora_rank || a.lora_alpha || a.lora_dropout || a.target_modules ||
+                          a.rslora || !a.adapter.empty() || !a.merge_out.empty();
+  if (!lora && lora_given)
+    throw usage_error{
+        "--lora-rank, --lora-alpha, --lora-dropout, --target-modules, --rslora, --adapter and "
+        "--merge-out are options of --optimizer lora"};
+  if (lora && !a.adapter.empty() &&
+      (a.lora_rank || a.lora_alpha || a.lora_dropout || a.target_modules || a.rslora))
+    throw usage_error{"--adapter " + a.adapter +
+                      ": rank, alpha, dropout and targets come from its adapter_config.json "
+                      "(drop --lora-rank, --lora-alpha, --lora-dropout, --target-modules, "
+                      "--rslora)"};
+  if (lora) (void)cli_lora_config(a).projections();  // a bad module name or dropout: exit 2
+  if (lora && !a.parallel.empty())
+    throw usage_error{"--parallel data does not train --optimizer lora yet"};
   if (a.scope != "partial" && a.scope != "all")
     throw usage_error{"--bread-scope is '" + a.scope + "', expected partial or all"};
   check(a.clip >= 0, "--clip is ", a.clip, ", expected >= 0 (0: off)");
@@ -155,9 +202,22 @@ void check_paths(const args& a) {
   if (!a.resume.empty()) paths.input(a.resume);
   if (!a.log.empty()) paths.output_file("--log", a.log);
   if (!a.save_state.empty()) paths.output_file("--save-state", a.save_state);
-  if (!a.save_model.empty())
-    paths.output_dir("--save-model", a.save_model, {"model.safetensors", "config.json"});
+  if (!a.adapter.empty()) paths.input(a.adapter);
+  if (!a.save_model.empty()) {
+    if (a.optimizer == "lora")
+      paths.output_dir("--save-model", a.save_model,
+                       {"adapter_model.safetensors", "adapter_config.json"});
+    else
+      paths.output_dir("--save-model", a.save_model, {"model.safetensors", "config.json"});
+  }
+  if (!a.merge_out.empty())
+    paths.output_dir("--merge-out", a.merge_out, {"model.safetensors", "config.json"});
 }
+
+template <class Opt>
+constexpr bool lora_optimizer_of = requires(Opt& o) {
+  o.adapters();
+};
 
 /// Whether mpirun started this process as a rank other than 0 (OpenMPI, MPICH / PMI): arguments
 /// are checked before MPI starts, and only the first rank reports them.
@@ -221,10 +281,14 @@ int run_training(decoder_model<eigen_backend<T>>& model, const token_dataset& da
   o.backward.chunk = a.chunk;
   // Non-finite policy: train() stops at a non-finite loss; a non-finite gradient or update stops
   // here, naming the step and the tensor, before anything is logged further or saved.
-  auto finite = [&model](std::int64_t step, const step_result&) {
+  auto finite = [&model, &opt](std::int64_t step, const step_result&) {
     const std::string when = "step " + std::to_string(step + 1);
     check_finite_gradients(model.parameters(), when);
     check_finite_weights(model.parameters(), when + " (after the update)");
+    if constexpr (lora_optimizer_of<Opt>) {
+      check_finite_gradients(opt.adapters().parameters(), when);
+      check_finite_weights(opt.adapters().parameters(), when + " (after the update)");
+    }
   };
   std::optional<json_log> log;
   if (!a.log.empty() && root) log.emplace(a.log);
@@ -269,7 +333,15 @@ int run_training(decoder_model<eigen_backend<T>>& model, const token_dataset& da
       a.optimizer.c_str(), static_cast<long long>(a.steps), first, last, s.tokens_per_second,
       static_cast<double>(s.peak_bytes) / 1048576.0,
       static_cast<double>(s.state_bytes) / 1048576.0);
-  if (!a.save_model.empty()) {
+  if constexpr (lora_optimizer_of<Opt>) {
+    if (!a.save_model.empty())
+      save_peft_adapter(a.save_model, opt.adapters(),
+                        {a.model.empty() ? "tightfit-preset:" + a.preset : a.model, true});
+    if (!a.merge_out.empty()) {
+      opt.adapters().merge();
+      save_merged_model(a.merge_out, opt.adapters());
+    }
+  } else if (!a.save_model.empty()) {
     std::filesystem::create_directories(a.save_model);
     save_hf_weights(a.save_model, model.parameters());
     save_hf_config(model.config(), a.save_model);
@@ -353,6 +425,20 @@ int train(int argc, char** argv) {
         a.parallel = value();
       } else if (f == "--dtype") {
         a.dtype = value();
+      } else if (f == "--adapter") {
+        a.adapter = value();
+      } else if (f == "--merge-out") {
+        a.merge_out = value();
+      } else if (f == "--target-modules") {
+        a.target_modules = value();
+      } else if (f == "--lora-rank") {
+        a.lora_rank = parse_integer(f, value(), 1, 1 << 16);
+      } else if (f == "--lora-alpha") {
+        a.lora_alpha = parse_real(f, value(), 1e-12, 1e12);
+      } else if (f == "--lora-dropout") {
+        a.lora_dropout = parse_real(f, value(), 0, 1);
+      } else if (f == "--rslora") {
+        a.rslora = true;
       } else if (f == "--grad-accum") {
         a.grad_accum = parse_integer(f, value(), 1, big);
       } else if (f == "--steps") {
@@ -496,6 +582,16 @@ int run(const args& a, Comm& comm) {
     return run_training<T>(model, data, opt, a, comm);
   }
   if constexpr (!parallel) {
+    if (a.optimizer == "lora") {
+      lora_config lc = a.adapter.empty() ? cli_lora_config(a) : read_peft_config(a.adapter);
+      lc.seed = a.seed;
+      lora_adapters<backend> adapters(model, lc);
+      if (!a.adapter.empty()) load_peft_adapter(a.adapter, adapters);
+      adamw_update_rule w;
+      if (a.lr) w.lr = *a.lr;
+      lora_optimizer<backend> opt(adapters, w, a.clip);
+      return run_training<T>(model, data, opt, a, comm);
+    }
     if (a.optimizer == "bread-lora") {
       lora_expansion e;
       if (a.bread_lr) e.lr = *a.bread_lr;

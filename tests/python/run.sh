@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the PyTorch cross-check of `tightfit grad` (scripts/test calls it).
+# Runs the PyTorch cross-checks of `tightfit grad` and of `tightfit train --optimizer lora`
+# (scripts/test calls it).
 #   tests/python/run.sh BUILD_DIR
 # Needs Debian's python3-torch (scripts/deps --torch installs it). Without it: under CI=true it
 # fails naming the package; elsewhere it says it skipped and exits 77 (CTest's skip code).
@@ -17,3 +18,4 @@ cd "$(dirname "$0")"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 /usr/bin/python3 cross_check.py "$build/examples/tightfit/tightfit" "$work"
+/usr/bin/python3 cross_check_lora.py "$build/examples/tightfit/tightfit" "$work/lora"

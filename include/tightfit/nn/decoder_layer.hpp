@@ -20,6 +20,13 @@
 // (c x c1) part of attention is computed per chunk (the kernel skips masked tiles). Biases need
 // no kernel of their own: Y += 1 b is a rank-1 GEMM with a ones column, db += 1^T dY its
 // transpose.
+//
+// Frozen parameters and adapters: with mode.weight_grads, the layer accumulates the gradient of
+// each of its parameters that holds a gradient buffer; one without is frozen and its
+// weight-gradient GEMM does not run. A projection bound to a LoRA adapter (nn/adapters.hpp,
+// set_lora) adds s (x A^T) B^T to its output; its backward adds s (dy B) A to dx and, under
+// mode.weight_grads, accumulates dA += s (dy B)^T x and dB += s dy^T (x A^T) (exact: the
+// gradients of W + s B A, contracted with B and A).
 #pragma once
 
 #include <algorithm>
@@ -30,6 +37,7 @@
 #include <vector>
 
 #include "tightfit/backend/concept.hpp"
+#include "tightfit/nn/adapters.hpp"
 #include "tightfit/nn/config.hpp"
 #include "tightfit/nn/layer.hpp"
 #include "tightfit/nn/parameters.hpp"
@@ -115,6 +123,10 @@ class decoder_layer {
   const decoder_layer_params& param_ids() const { return ids_; }
   index_t layer_index() const { return index_; }
 
+  /// Binds LoRA adapters to this layer's projections (an empty binding removes them).
+  void set_lora(const lora_binding<B>& binding) { lora_ = binding; }
+  const lora_binding<B>& lora() const { return lora_; }
+
   /// y (B*T, d) = layer(x (B*T, d)), `chunk` positions at a time (a KV-cache style forward:
   /// chunk j appends its K/V rows, then attends to the prefix). keep: keep every activation.
   void forward(B& be, const sequence_batch& seq, matrix_view<const T> x, matrix_view<T> y,
@@ -137,6 +149,7 @@ class decoder_layer {
       be.gemm(transpose::no, transpose::yes, A(1), a.act.view(yv.rows, cfg_.intermediate_size),
               weight(ids_.down_proj, cfg_.hidden_size, cfg_.intermediate_size), A(1), yv);
       if (cfg_.mlp_bias) add_bias(be, ids_.down_bias, yv);
+      lora_forward(be, projection::down_proj, a.act.view(yv.rows, cfg_.intermediate_size), yv);
       scatter_rows(be, seq, c0, c1, matrix_view<const T>(yv), y);
       if (keep) kept_acts_.emplace(std::move(a));
     }
@@ -241,7 +254,49 @@ class decoder_layer {
     return as_matrix(params_->grad(id), rows, cols);
   }
   std::span<T> grad_vec(std::size_t id, bool wanted) const {
-    return wanted ? params_->grad(id) : std::span<T>{};
+    return wanted && params_->has_grad(id) ? params_->grad(id) : std::span<T>{};
+  }
+  /// Whether the gradient of parameter `id` is accumulated: weight gradients are asked for and
+  /// the parameter holds a gradient buffer (one without is frozen).
+  bool wants(std::size_t id, bool wg) const { return wg && params_->has_grad(id); }
+
+  /// y (n, out) += s (x A^T) B^T for projection p's adapter (nothing without one).
+  void lora_forward(B& be, projection p, matrix_view<const T> x, matrix_view<T> y) const {
+    if (!lora_.has(p)) return;
+    const index_t n = x.rows, r = lora_.rank;
+    auto& set = *lora_.adapters;
+    buffer u = be.template allocate<T>(n * r);  // (n, r) x A^T
+    be.gemm(transpose::no, transpose::yes, A(1), x,
+            as_matrix(std::span<const T>(set.value(lora_.a_id(p))), r, x.cols), A(0), u.view(n, r));
+    be.gemm(transpose::no, transpose::yes, A(lora_.scale), matrix_view<const T>(u.view(n, r)),
+            as_matrix(std::span<const T>(set.value(lora_.b_id(p))), y.cols, r), A(1), y);
+  }
+  /// Backward of projection p's adapter given its input x (n, in) and output gradient dy
+  /// (n, out): dx (n, in) += s (dy B) A when dx is not empty; dA += s (dy B)^T x and
+  /// dB += s dy^T (x A^T) when wg and the adapters hold gradients.
+  void lora_backward(B& be, projection p, matrix_view<const T> x, matrix_view<const T> dy,
+                     matrix_view<T> dx, bool wg) const {
+    if (!lora_.has(p)) return;
+    auto& set = *lora_.adapters;
+    const std::size_t ia = lora_.a_id(p), ib = lora_.b_id(p);
+    const bool grads = wg && set.has_grad(ia) && set.has_grad(ib);
+    if (!grads && dx.empty()) return;
+    const index_t n = x.rows, r = lora_.rank, in = x.cols, out = dy.cols;
+    const A s = A(lora_.scale);
+    auto a_m = as_matrix(std::span<const T>(set.value(ia)), r, in);   // (r, in)
+    auto b_m = as_matrix(std::span<const T>(set.value(ib)), out, r);  // (out, r)
+    buffer v = be.template allocate<T>(n * r);                        // (n, r) dy B
+    be.gemm(transpose::no, transpose::no, A(1), dy, b_m, A(0), v.view(n, r));
+    if (!dx.empty())
+      be.gemm(transpose::no, transpose::no, s, matrix_view<const T>(v.view(n, r)), a_m, A(1), dx);
+    if (!grads) return;
+    be.gemm(transpose::yes, transpose::no, s, matrix_view<const T>(v.view(n, r)), x, A(1),
+            as_matrix(set.grad(ia), r, in));
+    v.reset();
+    buffer u = be.template allocate<T>(n * r);  // (n, r) x A^T
+    be.gemm(transpose::no, transpose::yes, A(1), x, a_m, A(0), u.view(n, r));
+    be.gemm(transpose::yes, transpose::no, s, dy, matrix_view<const T>(u.view(n, r)), A(1),
+            as_matrix(set.grad(ib), out, r));
   }
 
   /// y (n, w) += 1 (n, 1) b (1, w): bias `id` added to every row, as a rank-1 GEMM.
@@ -357,6 +412,8 @@ class decoder_layer {
       add_bias(be, ids_.k_bias, k_c.view(n, kvw));
       add_bias(be, ids_.v_bias, v_c.view(n, kvw));
     }
+    lora_forward(be, projection::k_proj, h1, k_c.view(n, kvw));
+    lora_forward(be, projection::v_proj, h1, v_c.view(n, kvw));
     scatter_rows(be, seq, c0, c1, matrix_view<const T>(v_c.view(n, kvw)), kv.v.view(rows, kvw));
     if (cfg_.qk_norm) {
       scatter_rows(be, seq, c0, c1, matrix_view<const T>(k_c.view(n, kvw)),
@@ -388,12 +445,14 @@ class decoder_layer {
       be.gemm(transpose::no, transpose::yes, A(1), h1, weight(ids_.q_proj, qw, d), A(0),
               a.q_raw.view(n, qw));
       if (cfg_.qkv_bias) add_bias(be, ids_.q_bias, a.q_raw.view(n, qw));
+      lora_forward(be, projection::q_proj, h1, a.q_raw.view(n, qw));
       be.rmsnorm_forward(a.q_raw.view(n * h, hd), vec(ids_.q_norm), A(cfg_.rms_norm_eps),
                          a.q.view(n * h, hd), a.rstd_q.span());
     } else {
       be.gemm(transpose::no, transpose::yes, A(1), h1, weight(ids_.q_proj, qw, d), A(0),
               a.q.view(n, qw));
       if (cfg_.qkv_bias) add_bias(be, ids_.q_bias, a.q.view(n, qw));
+      lora_forward(be, projection::q_proj, h1, a.q.view(n, qw));
     }
     rope_rows(be, seq, a.q.view(n, qw), h, c0, c1, false);
     // attention of each sequence's chunk queries against its key prefix [0, c1)
@@ -415,6 +474,7 @@ class decoder_layer {
     be.gemm(transpose::no, transpose::yes, A(1), a.o.view(n, qw), weight(ids_.o_proj, d, qw), A(1),
             a.x2.view(n, d));
     if (cfg_.o_bias) add_bias(be, ids_.o_bias, a.x2.view(n, d));
+    lora_forward(be, projection::o_proj, a.o.view(n, qw), a.x2.view(n, d));
     // MLP input
     a.h2 = be.template allocate<T>(n * d);
     a.rstd2 = be.template allocate<T>(n);
@@ -431,6 +491,8 @@ class decoder_layer {
       add_bias(be, ids_.gate_bias, a.gate.view(n, f));
       add_bias(be, ids_.up_bias, a.up.view(n, f));
     }
+    lora_forward(be, projection::gate_proj, a.h2.view(n, d), a.gate.view(n, f));
+    lora_forward(be, projection::up_proj, a.h2.view(n, d), a.up.view(n, f));
     be.swiglu_forward(a.gate.view(n, f), a.up.view(n, f), a.act.view(n, f));
   }
 
@@ -452,11 +514,13 @@ class decoder_layer {
         buffer dact = be.template allocate<T>(n * f);  // (n, f)
         be.gemm(transpose::no, transpose::no, A(1), dx2.view(n, d), weight(ids_.down_proj, d, f),
                 A(0), dact.view(n, f));
-        if (wg) {
+        if (wants(ids_.down_proj, wg))
           be.gemm(transpose::yes, transpose::no, A(1), dx2.view(n, d), a.act.view(n, f), A(1),
                   grad(ids_.down_proj, d, f));
-          if (cfg_.mlp_bias) add_bias_grad(be, ids_.down_bias, dx2.view(n, d));
-        }
+        if (cfg_.mlp_bias && wants(ids_.down_bias, wg))
+          add_bias_grad(be, ids_.down_bias, dx2.view(n, d));
+        lora_backward(be, projection::down_proj, a.act.view(n, f), dx2.view(n, d), dact.view(n, f),
+                      wg);
         a.act.reset();
         buffer dgate = be.template allocate<T>(n * f);  // (n, f)
         buffer dup = be.template allocate<T>(n * f);    // (n, f)
@@ -469,16 +533,19 @@ class decoder_layer {
                 A(0), dh2.view(n, d));
         be.gemm(transpose::no, transpose::no, A(1), dup.view(n, f), weight(ids_.up_proj, f, d),
                 A(1), dh2.view(n, d));
-        if (wg) {
+        if (wants(ids_.gate_proj, wg))
           be.gemm(transpose::yes, transpose::no, A(1), dgate.view(n, f), a.h2.view(n, d), A(1),
                   grad(ids_.gate_proj, f, d));
+        if (wants(ids_.up_proj, wg))
           be.gemm(transpose::yes, transpose::no, A(1), dup.view(n, f), a.h2.view(n, d), A(1),
                   grad(ids_.up_proj, f, d));
-          if (cfg_.mlp_bias) {
-            add_bias_grad(be, ids_.gate_bias, dgate.view(n, f));
-            add_bias_grad(be, ids_.up_bias, dup.view(n, f));
-          }
-        }
+        if (cfg_.mlp_bias && wants(ids_.gate_bias, wg))
+          add_bias_grad(be, ids_.gate_bias, dgate.view(n, f));
+        if (cfg_.mlp_bias && wants(ids_.up_bias, wg))
+          add_bias_grad(be, ids_.up_bias, dup.view(n, f));
+        lora_backward(be, projection::gate_proj, a.h2.view(n, d), dgate.view(n, f), dh2.view(n, d),
+                      wg);
+        lora_backward(be, projection::up_proj, a.h2.view(n, d), dup.view(n, f), dh2.view(n, d), wg);
       }
       be.rmsnorm_backward(a.x2.view(n, d), vec(ids_.post_norm), a.rstd2.span(), dh2.view(n, d),
                           dx2.view(n, d), grad_vec(ids_.post_norm, wg));
@@ -491,11 +558,11 @@ class decoder_layer {
       buffer dout = be.template allocate<T>(n * qw);  // (n, H*hd)
       be.gemm(transpose::no, transpose::no, A(1), dx2.view(n, d), weight(ids_.o_proj, d, qw), A(0),
               dout.view(n, qw));
-      if (wg) {
+      if (wants(ids_.o_proj, wg))
         be.gemm(transpose::yes, transpose::no, A(1), dx2.view(n, d), a.o.view(n, qw), A(1),
                 grad(ids_.o_proj, d, qw));
-        if (cfg_.o_bias) add_bias_grad(be, ids_.o_bias, dx2.view(n, d));
-      }
+      if (cfg_.o_bias && wants(ids_.o_bias, wg)) add_bias_grad(be, ids_.o_bias, dx2.view(n, d));
+      lora_backward(be, projection::o_proj, a.o.view(n, qw), dx2.view(n, d), dout.view(n, qw), wg);
       const attention_shape shape{h, hkv, hd};
       const A scale = A(1) / std::sqrt(A(hd));
       for (index_t b = 0; b < seq.batch; ++b) {
@@ -542,20 +609,28 @@ class decoder_layer {
       dk = std::move(dk_raw);
     }
     auto h1 = a.h1.view(n, d);
-    if (wg) {
+    if (wants(ids_.q_proj, wg))
       be.gemm(transpose::yes, transpose::no, A(1), dq.view(n, qw), h1, A(1),
               grad(ids_.q_proj, qw, d));
+    if (wants(ids_.k_proj, wg))
       be.gemm(transpose::yes, transpose::no, A(1), dk.view(n, kvw), h1, A(1),
               grad(ids_.k_proj, kvw, d));
+    if (wants(ids_.v_proj, wg))
       be.gemm(transpose::yes, transpose::no, A(1), dv.view(n, kvw), h1, A(1),
               grad(ids_.v_proj, kvw, d));
-      if (cfg_.qkv_bias) {
-        add_bias_grad(be, ids_.q_bias, dq.view(n, qw));
-        add_bias_grad(be, ids_.k_bias, dk.view(n, kvw));
-        add_bias_grad(be, ids_.v_bias, dv.view(n, kvw));
-      }
+    if (cfg_.qkv_bias) {
+      if (wants(ids_.q_bias, wg)) add_bias_grad(be, ids_.q_bias, dq.view(n, qw));
+      if (wants(ids_.k_bias, wg)) add_bias_grad(be, ids_.k_bias, dk.view(n, kvw));
+      if (wants(ids_.v_bias, wg)) add_bias_grad(be, ids_.v_bias, dv.view(n, kvw));
     }
-    if (!mode.input_grad && !wg) return;
+    // dh1 is needed for dx, or for the input norm's weight gradient
+    const bool need_dh1 = mode.input_grad || wants(ids_.input_norm, wg);
+    if (!need_dh1) {  // the adapters' gradients only
+      lora_backward(be, projection::q_proj, h1, dq.view(n, qw), {}, wg);
+      lora_backward(be, projection::k_proj, h1, dk.view(n, kvw), {}, wg);
+      lora_backward(be, projection::v_proj, h1, dv.view(n, kvw), {}, wg);
+      return;
+    }
     // dh1 = dq Wq + dk Wk + dv Wv; dx = dx2 + RMSNorm backward
     buffer dh1 = be.template allocate<T>(n * d);  // (n, d)
     be.gemm(transpose::no, transpose::no, A(1), dq.view(n, qw), weight(ids_.q_proj, qw, d), A(0),
@@ -564,6 +639,9 @@ class decoder_layer {
             dh1.view(n, d));
     be.gemm(transpose::no, transpose::no, A(1), dv.view(n, kvw), weight(ids_.v_proj, kvw, d), A(1),
             dh1.view(n, d));
+    lora_backward(be, projection::q_proj, h1, dq.view(n, qw), dh1.view(n, d), wg);
+    lora_backward(be, projection::k_proj, h1, dk.view(n, kvw), dh1.view(n, d), wg);
+    lora_backward(be, projection::v_proj, h1, dv.view(n, kvw), dh1.view(n, d), wg);
     be.rmsnorm_backward(a.xv, vec(ids_.input_norm), a.rstd1.span(), dh1.view(n, d), dx2.view(n, d),
                         grad_vec(ids_.input_norm, wg));
     if (mode.input_grad) scatter_rows(be, seq, c0, c1, matrix_view<const T>(dx2.view(n, d)), dx);
@@ -579,6 +657,7 @@ class decoder_layer {
   std::optional<kv_state> kv_;
   std::optional<chunk_acts> kept_acts_;
   std::optional<kv_state> kept_kv_;
+  lora_binding<B> lora_{};  // adapters of the projections (none by default)
 };
 
 }  // namespace tightfit

@@ -86,8 +86,12 @@ struct backward_options {
   index_t head_chunk_rows = 0;            ///< rows per streaming-head chunk; 0: chunk * B
   double temperature = 1.0;               ///< tau of the token log-probs
   std::vector<bool> layer_weight_grads;   ///< per layer; empty: every layer
-  bool embedding_grad = true;             ///< gradient of model.embed_tokens.weight
-  bool head_grad = true;                  ///< gradients of model.norm and lm_head
+  /// Per parameter position (empty: none): a frozen layer parameter gets no gradient buffer (one it
+  /// holds is released) and its weight-gradient GEMM does not run, even in a layer that needs
+  /// weight gradients (LoRA: the base weights of layers whose adapters train, nn/lora.hpp).
+  std::vector<bool> frozen_params;
+  bool embedding_grad = true;  ///< gradient of model.embed_tokens.weight
+  bool head_grad = true;       ///< gradients of model.norm and lm_head
   /// Allocate a layer's gradient buffers right before its backward instead of up front (they
   /// then count as activation bytes). With on_grads_ready releasing them (BREAD-SGD, LOMO,
   /// low-rank projections), only one layer's gradients exist at a time.
@@ -241,11 +245,18 @@ backward_result compute_gradients(M& model, const token_batch& batch, O& objecti
 
   // Gradient buffers exist before the measured region (they are not activations).
   auto& params = model.parameters();
+  check(opt.frozen_params.empty() || opt.frozen_params.size() == params.size(),
+        "compute_gradients: frozen_params has ", opt.frozen_params.size(), " entries, expected ",
+        params.size(), " (one per parameter) or none");
+  auto frozen = [&](std::size_t id) { return !opt.frozen_params.empty() && opt.frozen_params[id]; };
+  for (std::size_t id = 0; id < opt.frozen_params.size(); ++id)
+    if (frozen(id)) params.release_grad(id);
   if (opt.head_grad)
     for (auto id : model.head_param_ids()) params.allocate_grad(id);
   if (opt.embedding_grad) params.allocate_grad(model.embed_id());
   auto allocate_layer_grads = [&](index_t l) {
-    for (auto id : model.layer_param_ids(l)) params.allocate_grad(id);
+    for (auto id : model.layer_param_ids(l))
+      if (!frozen(id)) params.allocate_grad(id);
   };
   if (!opt.lazy_layer_grads)
     for (index_t l = 0; l < nl; ++l)

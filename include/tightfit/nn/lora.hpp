@@ -1,0 +1,247 @@
+// tightfit/nn/lora.hpp: LoRA adapters of a decoder model (Hu et al., "LoRA: Low-Rank Adaptation
+// of Large Language Models", ICLR 2022, arXiv 2106.09685; rsLoRA: Kalajdzievski, arXiv
+// 2312.03732), laid out and initialised as Hugging Face PEFT does.
+//
+// Each targeted projection W (out, in) of every decoder layer gets A (r, in) and B (out, r); the
+// layer computes y = x W^T (+ b) + s (x A^T) B^T with s = alpha / r (rsLoRA: alpha / sqrt(r)).
+// The adapters live in their own parameter_set under PEFT's tensor names
+// ("base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight"), so that the set is
+// saved as adapter_model.safetensors as is (nn/peft.hpp) and an update rule of optim/ steps it.
+// Initialisation (PEFT's init_lora_weights = true): A ~ Kaiming-uniform with a = sqrt(5) as
+// torch.nn.Linear, i.e. U(-1/sqrt(in), 1/sqrt(in)), from a seeded generator; B = 0.
+//
+// Invariants: while a lora_adapters object lives (and until merge()), the model's layers are
+// bound to it (nn/adapters.hpp) and the model computes W0 + s B A; merge() adds s B A into
+// the base weights and unbinds, so the model's function does not change. Dropout: 0 only.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tightfit/backend/concept.hpp"
+#include "tightfit/core/error.hpp"
+#include "tightfit/nn/adapters.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
+#include "tightfit/nn/model.hpp"
+
+namespace tightfit {
+
+/// The projection named `name` ("q_proj", ..., "down_proj"); an error naming it otherwise.
+inline projection parse_projection(const std::string& name) {
+  for (int p = 0; p < projection_count; ++p)
+    if (name == projection_name(static_cast<projection>(p))) return static_cast<projection>(p);
+  fail("LoRA target module '", name,
+       "' is not a projection of the decoder layer, expected q_proj, k_proj, v_proj, o_proj, "
+       "gate_proj, up_proj, down_proj or all-linear");
+}
+
+/// "q_proj,v_proj" -> {"q_proj", "v_proj"}; "all-linear" stays one entry.
+inline std::vector<std::string> split_target_modules(const std::string& csv) {
+  std::vector<std::string> out;
+  std::stringstream in(csv);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    check(!item.empty(), "LoRA target modules '", csv, "' hold an empty name");
+    out.push_back(item);
+  }
+  check(!out.empty(), "LoRA target modules are empty, expected e.g. q_proj,v_proj or all-linear");
+  return out;
+}
+
+/// The hyper-parameters of LoRA (PEFT's LoraConfig names in the comments).
+struct lora_config {
+  index_t rank = 8;         ///< r
+  double alpha = 8;         ///< lora_alpha
+  double dropout = 0;       ///< lora_dropout: 0 only
+  bool use_rslora = false;  ///< use_rslora: scale alpha / sqrt(r) instead of alpha / r
+  std::vector<std::string> target_modules{"q_proj", "v_proj"};  ///< or {"all-linear"}
+  std::uint64_t seed = 0;  ///< the generator of A's initialisation
+
+  /// s: alpha / r, or alpha / sqrt(r) with use_rslora.
+  double scale() const {
+    const double r = static_cast<double>(rank);
+    return use_rslora ? alpha / std::sqrt(r) : alpha / r;
+  }
+  /// The targeted projections in layer order; "all-linear" (PEFT: every linear layer but the
+  /// output layer) is all seven. Errors name an unknown or repeated module.
+  std::vector<projection> projections() const {
+    std::vector<bool> on(projection_count, false);
+    for (const auto& m : target_modules) {
+      if (m == "all-linear") {
+        check(target_modules.size() == 1, "LoRA target modules: all-linear stands alone, got ",
+              target_modules.size(), " entries");
+        on.assign(projection_count, true);
+        continue;
+      }
+      const auto p = static_cast<std::size_t>(parse_projection(m));
+      check(!on[p], "LoRA target module '", m, "' is given twice");
+      on[p] = true;
+    }
+    std::vector<projection> out;
+    for (int p = 0; p < projection_count; ++p)
+      if (on[static_cast<std::size_t>(p)]) out.push_back(static_cast<projection>(p));
+    return out;
+  }
+  /// Throws tightfit::error naming the first bad value.
+  void validate() const {
+    check(rank >= 1, "LoRA rank r is ", rank, ", expected >= 1");
+    check(std::isfinite(alpha) && alpha > 0, "LoRA alpha is ", alpha, ", expected > 0");
+    check(dropout == 0, "LoRA dropout is ", dropout,
+          ", but only 0 is supported (the backward is exact for a deterministic forward)");
+    check(!target_modules.empty(), "LoRA target modules are empty");
+    (void)projections();
+  }
+};
+
+/// PEFT's name of layer l's adapter matrix `which` ('A' or 'B') on projection p:
+/// "base_model.model.model.layers.<l>.<module>.lora_<which>.weight".
+inline std::string peft_lora_name(index_t l, projection p, char which) {
+  return "base_model.model." + hf_names::layer_prefix(l) + projection_module(p) + ".lora_" +
+         std::string(1, which) + ".weight";
+}
+
+/// The LoRA adapters of a decoder model: owns them, binds them to the model's layers.
+template <TransformerBackend B>
+class lora_adapters {
+ public:
+  using T = storage_t<B>;
+  using A = accum_t<B>;
+
+  lora_adapters(decoder_model<B>& model, lora_config config)
+      : model_(&model), cfg_(std::move(config)), params_(model.backend()) {
+    cfg_.validate();
+    const model_config& mc = model.config();
+    const index_t d = mc.hidden_size, q = mc.q_width(), kv = mc.kv_width();
+    const index_t f = mc.intermediate_size;
+    targets_ = cfg_.projections();
+    for (index_t l = 0; l < mc.num_hidden_layers; ++l) {
+      lora_binding<B> b;
+      b.adapters = &params_;
+      b.rank = cfg_.rank;
+      b.scale = cfg_.scale();
+      for (projection p : targets_) {
+        index_t out = 0, in = 0;
+        switch (p) {
+          case projection::q_proj:
+            out = q, in = d;
+            break;
+          case projection::k_proj:
+          case projection::v_proj:
+            out = kv, in = d;
+            break;
+          case projection::o_proj:
+            out = d, in = q;
+            break;
+          case projection::gate_proj:
+          case projection::up_proj:
+            out = f, in = d;
+            break;
+          case projection::down_proj:
+            out = d, in = f;
+            break;
+        }
+        const auto k = static_cast<std::size_t>(p);
+        b.a[k] =
+            static_cast<std::ptrdiff_t>(params_.add(peft_lora_name(l, p, 'A'), {cfg_.rank, in}));
+        b.b[k] =
+            static_cast<std::ptrdiff_t>(params_.add(peft_lora_name(l, p, 'B'), {out, cfg_.rank}));
+      }
+      bindings_.push_back(b);
+    }
+    init(cfg_.seed);
+    bind();
+  }
+  ~lora_adapters() {
+    if (bound_) unbind();
+  }
+  lora_adapters(const lora_adapters&) = delete;
+  lora_adapters& operator=(const lora_adapters&) = delete;
+
+  const lora_config& config() const { return cfg_; }
+  double scale() const { return cfg_.scale(); }
+  const std::vector<projection>& targets() const { return targets_; }
+  /// The adapters: A (r, in) and B (out, r) of every targeted projection, PEFT names.
+  parameter_set<B>& parameters() { return params_; }
+  const parameter_set<B>& parameters() const { return params_; }
+  decoder_model<B>& model() const { return *model_; }
+  /// Whether the layers compute with the adapters (false after merge()).
+  bool bound() const { return bound_; }
+  /// Positions of layer l's A and B of projection p in parameters().
+  std::size_t a_id(index_t l, projection p) const {
+    return bindings_[static_cast<std::size_t>(l)].a_id(p);
+  }
+  std::size_t b_id(index_t l, projection p) const {
+    return bindings_[static_cast<std::size_t>(l)].b_id(p);
+  }
+  /// The base weight of layer l's projection p in the model's parameters.
+  std::size_t base_id(index_t l, projection p) const {
+    return model_->parameters().at(hf_names::layer_prefix(l) + projection_module(p) + ".weight");
+  }
+
+  /// PEFT's initialisation: A ~ U(-1/sqrt(in), 1/sqrt(in)) (Kaiming-uniform, a = sqrt(5)) drawn
+  /// in parameter order from mt19937_64(seed); B = 0.
+  void init(std::uint64_t seed) {
+    std::mt19937_64 gen(seed);
+    auto& be = params_.backend();
+    for (const auto& b : bindings_)
+      for (projection p : targets_) {
+        const std::size_t ia = b.a_id(p), ib = b.b_id(p);
+        const double bound = 1.0 / std::sqrt(static_cast<double>(params_.shape(ia)[1]));
+        std::uniform_real_distribution<double> dist(-bound, bound);
+        std::vector<T> h(static_cast<std::size_t>(params_.numel(ia)));
+        for (auto& x : h) x = static_cast<T>(dist(gen));
+        be.upload(std::span<const T>(h), params_.value(ia));
+        be.fill(as_row(params_.value(ib)), A(0));
+      }
+  }
+
+  /// Per parameter of the model: true for every decoder-layer parameter (base weights, biases,
+  /// norms), the embedding and the head: what backward_options::frozen_params takes.
+  std::vector<bool> frozen_base() const {
+    return std::vector<bool>(model_->parameters().size(), true);
+  }
+
+  /// W0 += s B A for every adapter, then unbinds the layers: the model alone computes what the
+  /// model with adapters computed (to rounding). The adapters keep their values.
+  void merge() {
+    check(bound_, "lora_adapters::merge: the adapters were already merged");
+    auto& be = params_.backend();
+    auto& mp = model_->parameters();
+    const A s = A(cfg_.scale());
+    for (index_t l = 0; l < static_cast<index_t>(bindings_.size()); ++l)
+      for (projection p : targets_) {
+        const std::size_t w = base_id(l, p), ia = a_id(l, p), ib = b_id(l, p);
+        const index_t out = params_.shape(ib)[0], in = params_.shape(ia)[1], r = cfg_.rank;
+        be.gemm(transpose::no, transpose::no, s,
+                as_matrix(std::span<const T>(params_.value(ib)), out, r),
+                as_matrix(std::span<const T>(params_.value(ia)), r, in), A(1),
+                as_matrix(mp.value(w), out, in));
+      }
+    unbind();
+  }
+
+ private:
+  void bind() {
+    for (index_t l = 0; l < static_cast<index_t>(bindings_.size()); ++l)
+      model_->layer(l).set_lora(bindings_[static_cast<std::size_t>(l)]);
+    bound_ = true;
+  }
+  void unbind() {
+    for (index_t l = 0; l < static_cast<index_t>(bindings_.size()); ++l)
+      model_->layer(l).set_lora(lora_binding<B>{});
+    bound_ = false;
+  }
+
+  decoder_model<B>* model_;
+  lora_config cfg_;
+  parameter_set<B> params_;
+  std::vector<projection> targets_;
+  std::vector<lora_binding<B>> bindings_;  // per layer
+  bool bound_ = false;
+};
+
+}  // namespace tightfit
