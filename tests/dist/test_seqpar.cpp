@@ -116,7 +116,11 @@ TEST_CASE("sequence parallel: every rank gets one process's gradient of the whol
           const index_t layers = cfg.num_hidden_layers;
           CHECK(st.kv_gathers == 2 * layers);  // forward and backward
           CHECK(st.kv_reductions == layers);
-          CHECK(st.gradient_reductions == layers + 2);  // head, layers, embedding
+          CHECK(st.gradient_groups == layers + 2);  // head, layers, embedding
+          index_t with_grad = 0;                    // each parameter's gradient reduced once
+          for (std::size_t i = 0; i < model.parameters().size(); ++i)
+            with_grad += model.parameters().has_grad(i) ? 1 : 0;
+          CHECK(st.gradient_messages == with_grad);
           // agreement, loss; the two-pass objectives' log-probs
           CHECK(st.other_messages == (objective.statistics_pass() ? 3 : 2));
           // The ranks' attention work adds up to one process's (the reference backend counts

@@ -10,8 +10,8 @@
 //  backward  K/V again (all-gather), own chunks last to first accumulating dK/dV over the whole
 //            prefix, reduce-scatter of dK/dV to their owners, then the K/V projections'
 //            backward of the own rows; the layer's parameter gradients are all-reduced once,
-//            without blocking, while the next layer runs (one reduction per group: the head,
-//            each layer, the embedding).
+//            in place and without blocking, while the next layer runs (once per group: the
+//            head, each layer, the embedding; one message per parameter).
 // RoPE, masks and padding use the global positions. The objective is the one a single process
 // would run on the whole batch (its advantages, old/reference log-probs and pairs are global):
 // an adapter gives it the global layout in begin() (so its normalisers are the global ones),
@@ -53,13 +53,14 @@ struct sequence_parallel_options {
 
 /// What one sequence_parallel_gradients call did on this rank.
 struct sequence_parallel_stats {
-  index_t local_positions = 0;           ///< Tl: positions this rank owns
-  std::int64_t kv_gathers = 0;           ///< all-gathers of K/V (2 per layer backpropagated)
-  std::int64_t kv_reductions = 0;        ///< reduce-scatters of dK/dV (1 per layer)
-  std::int64_t gradient_reductions = 0;  ///< all-reduces of gradient groups (L + 2 at most)
-  std::int64_t other_messages = 0;       ///< agreement, log-probs (two-pass), loss
-  std::int64_t bytes = 0;                ///< payload bytes this rank handed to the transport
-  double attention_flops = 0;            ///< this rank's attention work (backend counter)
+  index_t local_positions = 0;         ///< Tl: positions this rank owns
+  std::int64_t kv_gathers = 0;         ///< all-gathers of K/V (2 per layer backpropagated)
+  std::int64_t kv_reductions = 0;      ///< reduce-scatters of dK/dV (1 per layer)
+  std::int64_t gradient_groups = 0;    ///< gradient groups reduced (L + 2 at most)
+  std::int64_t gradient_messages = 0;  ///< their all-reduces: one per parameter, in place
+  std::int64_t other_messages = 0;     ///< agreement, log-probs (two-pass), loss
+  std::int64_t bytes = 0;              ///< payload bytes this rank handed to the transport
+  double attention_flops = 0;          ///< this rank's attention work (backend counter)
 };
 
 namespace detail {
@@ -284,22 +285,19 @@ sequence_parallel_gradients(M& model, const token_batch& batch, O& objective,
   }
   result.forward_seconds = std::chrono::duration<double>(clock::now() - start).count();
 
-  // Gradient groups, all-reduced without blocking once final (as step_gradients).
+  // Gradient groups, all-reduced without blocking once final, while the next layer runs: each
+  // parameter's gradient buffer in place (no staging copy: the head's and the embedding's
+  // would each add a (V, d) buffer to a rank's peak), all of a group's messages issued
+  // together. A group is completed (waited, the caller's on_grads_ready) at the next group's
+  // event or at the end, as in step_gradients.
+  using request_t = decltype(comm.all_reduce_sum(std::span<T>()));
   struct pending {
     grads_ready event;
-    std::vector<std::size_t> ids;
-    host_buffer<T> staging;
-    decltype(comm.all_reduce_sum(std::span<T>())) request;
+    std::vector<request_t> requests;
   };
   std::deque<pending> in_flight;
   auto complete = [&](pending& p) {
-    p.request.wait();
-    const T* src = p.staging.data();
-    for (std::size_t id : p.ids) {
-      auto g = params.grad(id);
-      std::copy(src, src + g.size(), g.begin());
-      src += g.size();
-    }
+    for (auto& r : p.requests) r.wait();
     if (opt.on_grads_ready) opt.on_grads_ready(p.event);
   };
   auto grads_final = [&](const grads_ready& e) {
@@ -312,21 +310,13 @@ sequence_parallel_gradients(M& model, const token_batch& batch, O& objective,
     } else {
       ids.push_back(model.embed_id());
     }
-    pending p{e, {}, {}, {}};
-    index_t n = 0;
+    pending p{e, {}};
     for (std::size_t id : ids)
       if (params.has_grad(id)) {
-        p.ids.push_back(id);
-        n += static_cast<index_t>(params.grad(id).size());
+        p.requests.push_back(comm.all_reduce_sum(params.grad(id)));
+        ++st.gradient_messages;
       }
-    p.staging = host_buffer<T>(be.memory(), n);  // (n) the group's gradients, packed
-    T* dst = p.staging.data();
-    for (std::size_t id : p.ids) {
-      auto g = params.grad(id);
-      dst = std::copy(g.begin(), g.end(), dst);
-    }
-    p.request = comm.all_reduce_sum(p.staging.span());
-    ++st.gradient_reductions;
+    ++st.gradient_groups;
     while (!in_flight.empty()) {
       complete(in_flight.front());
       in_flight.pop_front();
@@ -391,7 +381,7 @@ sequence_parallel_gradients(M& model, const token_batch& batch, O& objective,
   const comm_stats& after = comm.stats();
   st.bytes = after.bytes - comm_before.bytes;
   st.other_messages = after.messages() - comm_before.messages() - st.kv_gathers - st.kv_reductions -
-                      st.gradient_reductions;
+                      st.gradient_messages;
   st.attention_flops = be.stats().attention_flops - flops_before;
   return result;
 }
