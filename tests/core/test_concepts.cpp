@@ -54,10 +54,10 @@ static_assert(Backend<reference_backend<double>>);
 static_assert(ParameterSet<parameter_set<reference_backend<double>>>);
 static_assert(ParameterSet<parameter_set<reference_backend<float>>>);
 // The shipped decoder layer offers the optional sequence-parallel extension of the layer seam.
-static_assert(SequenceParallelLayer<decoder_layer<reference_backend<double>>,
-                                    reference_backend<double>>);
-static_assert(SequenceParallelLayer<decoder_layer<reference_backend<float>>,
-                                    reference_backend<float>>);
+static_assert(
+    SequenceParallelLayer<decoder_layer<reference_backend<double>>, reference_backend<double>>);
+static_assert(
+    SequenceParallelLayer<decoder_layer<reference_backend<float>>, reference_backend<float>>);
 #ifdef TIGHTFIT_TEST_EIGEN
 static_assert(every_part<eigen_backend<float>> && every_part<eigen_backend<double>>);
 static_assert(ParameterSet<parameter_set<eigen_backend<double>>>);

@@ -5,8 +5,8 @@
 // A shard is a list of disjoint, increasing blocks [p0, p1) of the T global positions. A rank's
 // activations hold only its own rows, (B*Tl, d) row-major with Tl = local_len(): the row of
 // sequence b, local position i is b*Tl + i, and local positions are the blocks' positions
-// concatenated in order. Two assignments over N ranks (Brandon et al. 2023's striped /
-// zig-zag balancing, Liu et al. 2023's ring attention blocks):
+// concatenated in order. Two assignments over N ranks (the zig-zag one is the load balancing
+// of the Llama 3 report's context parallelism, Dubey et al. 2024, arXiv 2407.21783):
 //  - contiguous: rank r owns [r T / N, (r + 1) T / N);
 //  - zigzag: T is cut into 2N blocks and rank r owns blocks r and 2N - 1 - r, which evens out
 //    the causal attention work (an early block has few keys, a late block many).
