@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <map>
 #include <set>
@@ -200,6 +201,14 @@ int with_arguments(int argc, char** argv, std::set<std::string> valued, std::set
     std::fprintf(stderr, "tightfit %s: %s\n%s", argv[0], e.message.c_str(), usage);
     return 2;
   }
+}
+
+/// Whether mpirun started this process as a rank other than 0 (OpenMPI, MPICH / PMI): arguments
+/// are checked before MPI starts, and only the first rank reports them.
+inline bool launched_rank_above_0() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
+    if (const char* v = std::getenv(name)) return std::string(v) != "0";
+  return false;
 }
 
 }  // namespace tightfit::cli

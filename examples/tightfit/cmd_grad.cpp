@@ -1,18 +1,24 @@
 // tightfit grad: loss and every parameter gradient of a Hugging Face checkpoint on a batch,
 // under a StreamBP schedule. Prints one JSON line; writes the gradients (HF names) to --out.
+// Under mpirun, --parallel data splits the batch's rows (DPO: its pairs) over the ranks and
+// --parallel sequence the positions of every row (dist/sequence_parallel.hpp); the gradients
+// are those of one process on the whole batch, and rank 0 alone prints and writes.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "args.hpp"
 #include "checks.hpp"
 #include "commands.hpp"
 #include "tightfit/backend/eigen.hpp"
+#include "tightfit/dist/self_communicator.hpp"
 #include "tightfit/io/safetensors.hpp"
 #include "tightfit/loss/dpo.hpp"
 #include "tightfit/loss/grpo.hpp"
@@ -20,6 +26,11 @@
 #include "tightfit/nn/hf_model.hpp"
 #include "tightfit/stream/backward.hpp"
 #include "tightfit/stream/planner.hpp"
+#if defined(TIGHTFIT_HAS_MPI)
+#include "tightfit/dist/data_parallel.hpp"
+#include "tightfit/dist/mpi_communicator.hpp"
+#include "tightfit/dist/sequence_parallel.hpp"
+#endif
 
 namespace tightfit::cli {
 
@@ -34,6 +45,7 @@ constexpr const char* grad_usage =
     "                     [--dtype f32|f64] [--out FILE] [--head-chunk ROWS] [--temperature T]\n"
     "                     [--beta B] [--epsilon-low E] [--epsilon-high E] [--loss-type NAME]\n"
     "                     [--label-smoothing S] [--max-completion-length L]\n"
+    "                     [--parallel data|sequence] [--assignment zigzag|contiguous]\n"
     "  The batch is a safetensors file in the Hugging Face convention (labels unshifted,\n"
     "  -100 ignored, right padding):\n"
     "    sft:  input_ids (B,T), labels (B,T), optional attention_mask (B,T) or lengths (B),\n"
@@ -49,7 +61,12 @@ constexpr const char* grad_usage =
     "  Loss types: grpo|bnpo|dr_grpo (grpo), sigmoid|ipo|hinge (dpo). --chunk auto picks the\n"
     "  largest power-of-two chunk whose StreamBP peak fits --budget (default 4G), keeping only\n"
     "  every k-th layer input (the smallest k that fits) when all inputs do not fit.\n"
-    "  Prints one JSON line: loss, schedule, chunk, peak_activation_bytes, seconds, ...\n";
+    "  Prints one JSON line: loss, schedule, chunk, peak_activation_bytes, seconds, ...\n"
+    "  Under mpirun (needs MPI): --parallel data gives each rank a contiguous share of the rows\n"
+    "  (dpo: of the pairs), --parallel sequence a share of every row's positions (zigzag\n"
+    "  blocks by default, or contiguous; stream or checkpoint schedule); the gradients are those\n"
+    "  of one process on the whole batch; rank 0 prints and writes --out, the others are\n"
+    "  silent; peak_activation_bytes is the largest rank's.\n";
 
 /// A (B, T) integer tensor of the batch file, or an error naming it.
 struct int_matrix {
@@ -163,8 +180,19 @@ std::vector<double> shift_values(const std::vector<double>& v, index_t b, index_
   return out;
 }
 
-template <class T>
-int run_grad(const arguments& a) {
+/// The rows of `v` (rows of `width` values) listed in `rows`, in that order (empty stays empty).
+template <class V>
+std::vector<V> take_rows(const std::vector<V>& v, const std::vector<index_t>& rows, index_t width) {
+  std::vector<V> out;
+  if (v.empty()) return out;
+  for (index_t r : rows) out.insert(out.end(), v.begin() + r * width, v.begin() + (r + 1) * width);
+  return out;
+}
+
+template <class T, class Comm>
+int run_grad(const arguments& a, Comm& comm) {
+  constexpr bool distributed = !std::is_same_v<Comm, self_communicator>;
+  const std::string parallel = a.get("--parallel", "");
   using backend = eigen_backend<T>;
   const std::filesystem::path model_dir = a.get("--model");
   const model_config cfg = load_hf_config(model_dir);
@@ -234,6 +262,35 @@ int run_grad(const arguments& a) {
   const std::vector<token_id> targets = shift_labels(labels, b, t);
   const token_batch batch{b, t, ids, targets, lengths, positions};
 
+  // --parallel data: this rank's rows [r B / N, (r + 1) B / N) (dpo: its pairs' chosen rows,
+  // then their rejected rows), and the pairs renumbered over them.
+  const int ranks = comm.size(), me = comm.rank();
+  std::vector<index_t> my_rows, my_chosen, my_rejected;
+  if (objective == "dpo") {
+    const auto p = static_cast<index_t>(chosen.size());
+    const index_t p0 = p * me / ranks, p1 = p * (me + 1) / ranks;
+    if (parallel == "data")
+      check(p >= ranks, batch_file.source(), ": ", p, " pairs for ", ranks,
+            " ranks (--parallel data needs at least one pair per rank)");
+    for (index_t i = p0; i < p1; ++i) my_rows.push_back(i);
+    for (index_t i = p0; i < p1; ++i) my_rows.push_back(p + i);
+    for (index_t i = 0; i < p1 - p0; ++i) {
+      my_chosen.push_back(i);
+      my_rejected.push_back(p1 - p0 + i);
+    }
+  } else {
+    if (parallel == "data")
+      check(b >= ranks, batch_file.source(), ": ", b, " rows for ", ranks,
+            " ranks (--parallel data needs at least one row per rank)");
+    for (index_t r = b * me / ranks; r < b * (me + 1) / ranks; ++r) my_rows.push_back(r);
+  }
+  const std::vector<token_id> my_ids = take_rows(ids, my_rows, t),
+                              my_targets = take_rows(targets, my_rows, t);
+  const std::vector<index_t> my_lengths = take_rows(lengths, my_rows, 1),
+                             my_positions = take_rows(positions, my_rows, t);
+  const token_batch my_batch{
+      static_cast<index_t>(my_rows.size()), t, my_ids, my_targets, my_lengths, my_positions};
+
   backward_options opt;
   opt.sched = parse_backward_schedule(a.get("--schedule", "stream"));
   opt.temperature = a.real("--temperature", 1.0, 1e-6, 1e6);
@@ -251,11 +308,25 @@ int run_grad(const arguments& a) {
   }
   check_activations_fit<T>(batch_file.source(), false, cfg, b, t, opt);
 
+  sequence_assignment assignment = sequence_assignment::zigzag;
+  if (a.has("--assignment")) assignment = parse_sequence_assignment(a.get("--assignment"));
+  // The gradients of the whole batch: in one process, or over the ranks. whole: the objective
+  // of the whole batch; mine: that of this rank's rows (data parallel).
+  auto gradients = [&](auto& whole, auto& mine) -> backward_result {
+    if constexpr (distributed) {
+      if (parallel == "sequence")
+        return sequence_parallel_gradients(model, batch, whole, opt, comm, {assignment});
+      if (parallel == "data") return data_parallel_gradients(model, my_batch, mine, opt, comm);
+    }
+    (void)mine;
+    return compute_gradients(model, batch, whole, opt);
+  };
+
   const auto start = std::chrono::steady_clock::now();
   backward_result result;
   if (objective == "sft") {
-    sft_loss loss;
-    result = compute_gradients(model, batch, loss, opt);
+    sft_loss loss, mine;
+    result = gradients(loss, mine);
   } else if (objective == "grpo") {
     const auto adv = read_floats(batch_file, "advantages", b);
     std::vector<double> old, refp;
@@ -270,7 +341,10 @@ int run_grad(const arguments& a) {
     go.aggregation = parse_grpo_aggregation(a.get("--loss-type", "grpo"));
     go.max_completion_length = a.integer("--max-completion-length", 0, 0, max_count);
     grpo_loss loss(adv, old, refp, go);
-    result = compute_gradients(model, batch, loss, opt);
+    const auto my_adv = take_rows(adv, my_rows, 1), my_old = take_rows(old, my_rows, t),
+               my_ref = take_rows(refp, my_rows, t);
+    grpo_loss mine(my_adv, my_old, my_ref, go);
+    result = gradients(loss, mine);
   } else if (objective == "dpo") {
     const auto p = static_cast<index_t>(chosen.size());
     const auto ref_w = read_floats(batch_file, "ref_chosen_logps", p);
@@ -280,7 +354,11 @@ int run_grad(const arguments& a) {
     dopt.label_smoothing = a.real("--label-smoothing", 0.0, 0, 1);
     dopt.loss = parse_dpo_loss_type(a.get("--loss-type", "sigmoid"));
     dpo_loss loss(chosen, rejected, ref_w, ref_l, dopt);
-    result = compute_gradients(model, batch, loss, opt);
+    std::vector<index_t> my_pairs;
+    for (index_t i = p * me / ranks; i < p * (me + 1) / ranks; ++i) my_pairs.push_back(i);
+    const auto my_ref_w = take_rows(ref_w, my_pairs, 1), my_ref_l = take_rows(ref_l, my_pairs, 1);
+    dpo_loss mine(my_chosen, my_rejected, my_ref_w, my_ref_l, dopt);
+    result = gradients(loss, mine);
   } else {
     throw usage_error{"--objective expects sft, grpo or dpo, got '" + objective + "'"};
   }
@@ -290,6 +368,12 @@ int run_grad(const arguments& a) {
   check(std::isfinite(result.loss), "step 1: the loss is ", result.loss,
         " (not finite); nothing written");
   check_finite_gradients(model.parameters(), "step 1");
+  // the largest rank's peak (every rank takes part in the gather)
+  double peak = static_cast<double>(result.peak_activation_bytes);
+  std::vector<double> peaks(static_cast<std::size_t>(ranks));
+  comm.all_gather(std::span<const double>(&peak, 1), std::span<double>(peaks));
+  peak = *std::max_element(peaks.begin(), peaks.end());
+  if (me != 0) return 0;  // rank 0 alone prints and writes
   if (a.has("--out")) save_gradients(a.get("--out"), model.parameters());
 
   nlohmann::json out;
@@ -301,13 +385,96 @@ int run_grad(const arguments& a) {
   out["dtype"] = sizeof(T) == 8 ? "f64" : "f32";
   out["batch"] = b;
   out["seq_len"] = t;
-  out["peak_activation_bytes"] = result.peak_activation_bytes;
+  out["peak_activation_bytes"] = static_cast<std::size_t>(peak);
+  if (!parallel.empty()) {
+    out["parallel"] = parallel;
+    out["ranks"] = ranks;
+    if (parallel == "sequence") out["assignment"] = to_string(assignment);
+  }
   out["peak_bytes"] = result.peak_bytes;
   out["seconds"] = seconds;
   out["forward_seconds"] = result.forward_seconds;
   if (a.has("--out")) out["gradients"] = a.get("--out");
   std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   return 0;
+}
+
+/// Every argument checked before any file is read or MPI starts (usage_error: exit 2).
+void check_grad_arguments(const arguments& a) {
+  if (!a.has("--model") || !a.has("--batch")) throw usage_error{"--model and --batch are required"};
+  // names are argument errors (exit 2), checked before any file is read
+  const std::string objective = a.get("--objective", "sft");
+  if (objective != "sft" && objective != "grpo" && objective != "dpo")
+    throw usage_error{"--objective expects sft, grpo or dpo, got '" + objective + "'"};
+  const std::string dtype = a.get("--dtype", "f32");
+  if (dtype != "f32" && dtype != "f64")
+    throw usage_error{"--dtype expects f32 or f64, got '" + dtype + "'"};
+  try {
+    const auto sched = parse_backward_schedule(a.get("--schedule", "stream"));
+    if (a.has("--loss-type")) {
+      if (objective == "grpo") parse_grpo_aggregation(a.get("--loss-type"));
+      if (objective == "dpo") parse_dpo_loss_type(a.get("--loss-type"));
+    }
+    if (a.has("--assignment")) parse_sequence_assignment(a.get("--assignment"));
+    if (a.has("--parallel")) {
+      const std::string parallel = a.get("--parallel");
+      if (parallel != "data" && parallel != "sequence")
+        throw usage_error{"--parallel expects data or sequence, got '" + parallel + "'"};
+      if (parallel == "sequence" && sched == backward_schedule::full)
+        throw usage_error{"--parallel sequence needs --schedule stream or checkpoint"};
+#if !defined(TIGHTFIT_HAS_MPI)
+      throw usage_error{"--parallel " + parallel +
+                        " needs MPI, and this tightfit was built without it (install OpenMPI, "
+                        "e.g. scripts/deps --mpi, and rebuild)"};
+#endif
+    }
+    if (a.has("--assignment") && a.get("--parallel", "") != "sequence")
+      throw usage_error{"--assignment is for --parallel sequence"};
+  } catch (const error& e) {
+    throw usage_error{e.what()};
+  }
+  // every value is an argument error (exit 2) before any file is read
+  if (a.get("--chunk", "512") != "auto") (void)a.integer("--chunk", 512, 1, max_count);
+  if (a.has("--budget")) (void)parse_bytes("--budget", a.get("--budget"));
+  (void)a.integer("--head-chunk", 0, 0, max_count);
+  (void)a.integer("--max-completion-length", 0, 0, max_count);
+  (void)a.real("--temperature", 1.0, 1e-6, 1e6);
+  for (const char* k : {"--beta", "--epsilon-low", "--epsilon-high"}) (void)a.real(k, 0.0, 0, 1e6);
+  (void)a.real("--label-smoothing", 0.0, 0, 1);
+  path_guard paths;
+  paths.input(a.get("--model"));
+  paths.input(a.get("--batch"));
+  if (a.has("--out")) paths.output_file("--out", a.get("--out"), "model.safetensors");
+}
+
+/// --parallel: MPI initialised here, every rank runs run_grad; a rank that fails reports and
+/// ends the whole job (MPI_Abort), since the others may be waiting in a collective.
+int run_parallel([[maybe_unused]] const arguments& a,
+                 [[maybe_unused]] const std::string& dtype) {  // unused without MPI
+#if defined(TIGHTFIT_HAS_MPI)
+  mpi_environment env;
+  mpi_communicator comm;
+  int code = 1;
+  std::string message;
+  try {
+    return dtype == "f64" ? run_grad<double>(a, comm) : run_grad<float>(a, comm);
+  } catch (const usage_error& e) {
+    code = 2;
+    message = e.message;
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  if (comm.rank() == 0)
+    std::fprintf(stderr, "tightfit grad: %s\n", message.c_str());
+  else
+    std::fprintf(stderr, "tightfit grad: rank %d of %d: %s\n", comm.rank(), comm.size(),
+                 message.c_str());
+  std::fflush(stderr);
+  if (comm.size() > 1) comm.abort(code);
+  return code;
+#else
+  fail("--parallel needs MPI, and this tightfit was built without it");
+#endif
 }
 
 }  // namespace
@@ -317,40 +484,19 @@ int grad(int argc, char** argv) {
       argc, argv,
       {"--model", "--batch", "--objective", "--schedule", "--chunk", "--budget", "--dtype", "--out",
        "--head-chunk", "--temperature", "--beta", "--epsilon-low", "--epsilon-high", "--loss-type",
-       "--label-smoothing", "--max-completion-length"},
-      {}, grad_usage, [](const arguments& a) {
-        if (!a.has("--model") || !a.has("--batch"))
-          throw usage_error{"--model and --batch are required"};
-        // names are argument errors (exit 2), checked before any file is read
-        const std::string objective = a.get("--objective", "sft");
-        if (objective != "sft" && objective != "grpo" && objective != "dpo")
-          throw usage_error{"--objective expects sft, grpo or dpo, got '" + objective + "'"};
+       "--label-smoothing", "--max-completion-length", "--parallel", "--assignment"},
+      {}, grad_usage, [&](const arguments& a) {
         try {
-          parse_backward_schedule(a.get("--schedule", "stream"));
-          if (a.has("--loss-type")) {
-            if (objective == "grpo") parse_grpo_aggregation(a.get("--loss-type"));
-            if (objective == "dpo") parse_dpo_loss_type(a.get("--loss-type"));
-          }
-        } catch (const error& e) {
-          throw usage_error{e.what()};
+          check_grad_arguments(a);
+        } catch (const usage_error&) {
+          if (launched_rank_above_0()) return 2;  // rank 0 prints it once
+          throw;
         }
-        // every value is an argument error (exit 2) before any file is read
-        if (a.get("--chunk", "512") != "auto") (void)a.integer("--chunk", 512, 1, max_count);
-        if (a.has("--budget")) (void)parse_bytes("--budget", a.get("--budget"));
-        (void)a.integer("--head-chunk", 0, 0, max_count);
-        (void)a.integer("--max-completion-length", 0, 0, max_count);
-        (void)a.real("--temperature", 1.0, 1e-6, 1e6);
-        for (const char* k : {"--beta", "--epsilon-low", "--epsilon-high"})
-          (void)a.real(k, 0.0, 0, 1e6);
-        (void)a.real("--label-smoothing", 0.0, 0, 1);
-        path_guard paths;
-        paths.input(a.get("--model"));
-        paths.input(a.get("--batch"));
-        if (a.has("--out")) paths.output_file("--out", a.get("--out"), "model.safetensors");
         const std::string dtype = a.get("--dtype", "f32");
-        if (dtype == "f32") return run_grad<float>(a);
-        if (dtype == "f64") return run_grad<double>(a);
-        throw usage_error{"--dtype expects f32 or f64, got '" + dtype + "'"};
+        if (a.has("--parallel")) return run_parallel(a, dtype);
+        self_communicator self;
+        if (dtype == "f64") return run_grad<double>(a, self);
+        return run_grad<float>(a, self);
       });
 }
 

@@ -219,14 +219,6 @@ constexpr bool lora_optimizer_of = requires(Opt& o) {
   o.adapters();
 };
 
-/// Whether mpirun started this process as a rank other than 0 (OpenMPI, MPICH / PMI): arguments
-/// are checked before MPI starts, and only the first rank reports them.
-bool launched_rank_above_0() {
-  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
-    if (const char* v = std::getenv(name)) return std::string(v) != "0";
-  return false;
-}
-
 /// The file of rank r's share of a sharded (ZeRO-1) state: FILE itself for rank 0 (with the
 /// weights), FILE.rankR for the others.
 [[maybe_unused]] std::string shard_path(const std::string& path, int rank) {  // with MPI only

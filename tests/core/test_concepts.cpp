@@ -13,7 +13,9 @@
 #include "tightfit/backend/meta.hpp"
 #include "tightfit/backend/reference.hpp"
 #include "tightfit/loss/sft.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/parameters.hpp"
+#include "tightfit/nn/sequence_shard.hpp"
 #include "tightfit/stream/backward.hpp"
 
 #if __has_include(<Eigen/Core>) && __has_include("tightfit/backend/eigen.hpp")
@@ -51,6 +53,11 @@ static_assert(Backend<reference_backend<float>>);
 static_assert(Backend<reference_backend<double>>);
 static_assert(ParameterSet<parameter_set<reference_backend<double>>>);
 static_assert(ParameterSet<parameter_set<reference_backend<float>>>);
+// The shipped decoder layer offers the optional sequence-parallel extension of the layer seam.
+static_assert(
+    SequenceParallelLayer<decoder_layer<reference_backend<double>>, reference_backend<double>>);
+static_assert(
+    SequenceParallelLayer<decoder_layer<reference_backend<float>>, reference_backend<float>>);
 #ifdef TIGHTFIT_TEST_EIGEN
 static_assert(every_part<eigen_backend<float>> && every_part<eigen_backend<double>>);
 static_assert(ParameterSet<parameter_set<eigen_backend<double>>>);

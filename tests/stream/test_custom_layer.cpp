@@ -21,6 +21,9 @@ namespace {
 using ref = reference_backend<double>;
 using model_t = decoder_model<ref, parallel_layer<ref>>;
 static_assert(DecoderLayer<parallel_layer<ref>, ref>);
+// A layer without the sequence-parallel extension is still a DecoderLayer (the extension is
+// optional: nn/sequence_shard.hpp).
+static_assert(!SequenceParallelLayer<parallel_layer<ref>, ref>);
 static_assert(DecoderModel<model_t>);
 static_assert(DecoderModel<decoder_model<ref>>);
 

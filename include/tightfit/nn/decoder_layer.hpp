@@ -27,6 +27,11 @@
 // set_lora) adds s (x A^T) B^T to its output; its backward adds s (dy B) A to dx and, under
 // mode.weight_grads, accumulates dA += s (dy B)^T x and dB += s dy^T (x A^T) (exact: the
 // gradients of W + s B A, contracted with B and A).
+// Sequence parallelism (SequenceParallelLayer, nn/sequence_shard.hpp): forward_shard,
+// begin_backward_shard and end_backward_shard run the same chunks over a rank's positions (x,
+// dy, dx hold its rows only; K/V, dK/dV, RoPE and masks are global). There the K/V
+// projections' backward of a chunk cannot run when the chunk is done (later ranks' queries add
+// to its dK/dV): it is deferred to end_backward_shard, after the driver's reduce.
 #pragma once
 
 #include <algorithm>
@@ -42,6 +47,7 @@
 #include "tightfit/nn/layer.hpp"
 #include "tightfit/nn/parameters.hpp"
 #include "tightfit/nn/rope.hpp"
+#include "tightfit/nn/sequence_shard.hpp"
 
 namespace tightfit {
 
@@ -142,15 +148,7 @@ class decoder_layer {
       chunk_acts a = make_acts(be, seq, x, c0, c1);
       project_kv(be, seq, a, c0, c1, kv);
       forward_chunk(be, seq, a, kv, c0, c1);
-      // y rows = x2 + act Wd^T
-      buffer y_c = be.template allocate<T>((c1 - c0) * seq.batch * cfg_.hidden_size);
-      auto yv = y_c.view((c1 - c0) * seq.batch, cfg_.hidden_size);  // (B*c, d)
-      be.copy(a.x2.view(yv.rows, yv.cols), yv);
-      be.gemm(transpose::no, transpose::yes, A(1), a.act.view(yv.rows, cfg_.intermediate_size),
-              weight(ids_.down_proj, cfg_.hidden_size, cfg_.intermediate_size), A(1), yv);
-      if (cfg_.mlp_bias) add_bias(be, ids_.down_bias, yv);
-      lora_forward(be, projection::down_proj, a.act.view(yv.rows, cfg_.intermediate_size), yv);
-      scatter_rows(be, seq, c0, c1, matrix_view<const T>(yv), y);
+      write_output(be, seq, a, c0, c1, y);
       if (keep) kept_acts_.emplace(std::move(a));
     }
     if (keep) kept_kv_.emplace(std::move(kv));
@@ -185,7 +183,7 @@ class decoder_layer {
     check(kv_.has_value(), "decoder_layer::backward_chunk: begin_backward was not called");
     check(c0 >= 0 && c0 < c1 && c1 <= seq.seq_len, "decoder_layer::backward_chunk: chunk [", c0,
           ", ", c1, ") is not inside [0, ", seq.seq_len, ")");
-    check_extent("decoder_layer::backward_chunk", "dy rows", dy.rows, seq.rows());
+    check_extent("decoder_layer::backward_chunk", "dy rows", dy.rows, local_rows(seq));
     check_extent("decoder_layer::backward_chunk", "dy cols", dy.cols, cfg_.hidden_size);
     if (mode.input_grad) check_rows("backward_chunk", seq, dy, dx);
     std::optional<chunk_acts> recomputed;
@@ -204,6 +202,83 @@ class decoder_layer {
     kv_.reset();
     kept_acts_.reset();
     kept_kv_.reset();
+    shard_.reset();
+  }
+
+  // Sequence parallelism (SequenceParallelLayer, nn/sequence_shard.hpp): x, y, dy, dx hold the
+  // shard's rows only (B*Tl, d); K/V and dK/dV span all B*T rows; positions are global.
+
+  /// y (B*Tl, d) = layer(x (B*Tl, d)) over the shard's positions: own K/V rows, exchange, then
+  /// the queries `chunk` positions at a time against the global key prefix.
+  void forward_shard(B& be, const sequence_batch& seq, const sequence_shard& shard,
+                     matrix_view<const T> x, matrix_view<T> y, index_t chunk,
+                     const kv_exchange<T>& exchange) {
+    check(chunk >= 1, "decoder_layer::forward_shard: chunk is ", chunk, ", expected >= 1");
+    use_shard(seq, shard);
+    check_rows("forward_shard", seq, x, y);
+    prepare(seq);
+    kv_state kv = make_kv(be, seq.rows());
+    for_each_shard_chunk(chunk, false, [&](index_t c0, index_t c1) {
+      chunk_acts a = make_acts(be, seq, x, c0, c1);
+      project_kv(be, seq, a, c0, c1, kv);
+    });
+    exchange(kv.k.span(), kv.v.span());
+    for_each_shard_chunk(chunk, false, [&](index_t c0, index_t c1) {
+      chunk_acts a = make_acts(be, seq, x, c0, c1);
+      forward_chunk(be, seq, a, kv, c0, c1);
+      write_output(be, seq, a, c0, c1, y);
+    });
+    shard_.reset();
+  }
+
+  /// Backward state over a shard: own K/V rows, exchange, zeroed dK/dV over all B*T rows.
+  /// backward_chunk then takes global chunks inside the shard's blocks, last to first.
+  void begin_backward_shard(B& be, const sequence_batch& seq, const sequence_shard& shard,
+                            matrix_view<const T> x, index_t chunk, layer_grad_mode /*mode*/,
+                            const kv_exchange<T>& exchange) {
+    use_shard(seq, shard);
+    check_extent("decoder_layer::begin_backward_shard", "x.rows", x.rows, local_rows(seq));
+    prepare(seq);
+    kept_acts_.reset();
+    kept_kv_.reset();
+    shard_chunk_ = std::max<index_t>(1, chunk);
+    kv_ = make_kv(be, seq.rows());
+    for_each_shard_chunk(shard_chunk_, false, [&](index_t c0, index_t c1) {
+      chunk_acts a = make_acts(be, seq, x, c0, c1);
+      project_kv(be, seq, a, c0, c1, *kv_);
+    });
+    exchange(kv_->k.span(), kv_->v.span());
+    kv_->dk = be.template allocate<T>(seq.rows() * cfg_.kv_width());  // (B*T, Hkv*hd)
+    kv_->dv = be.template allocate<T>(seq.rows() * cfg_.kv_width());  // (B*T, Hkv*hd)
+  }
+
+  /// After the shard's chunks: frees K/V, calls reduce (own dK/dV rows become the sums over
+  /// the ranks), backpropagates the K/V projections of the own rows into dx (B*Tl, d) and the
+  /// weights' gradients, and frees the state.
+  void end_backward_shard(B& be, const sequence_batch& seq, matrix_view<const T> x,
+                          matrix_view<T> dx, layer_grad_mode mode, const kv_exchange<T>& reduce) {
+    check(kv_.has_value() && shard_.has_value(),
+          "decoder_layer::end_backward_shard: begin_backward_shard was not called");
+    if (mode.input_grad) check_rows("end_backward_shard", seq, x, dx);
+    kv_->k.reset();
+    kv_->v.reset();
+    reduce(kv_->dk.span(), kv_->dv.span());
+    const index_t d = cfg_.hidden_size, kvw = cfg_.kv_width();
+    if (mode.weight_grads || mode.input_grad)
+      for_each_shard_chunk(shard_chunk_, true, [&](index_t c0, index_t c1) {
+        chunk_acts a = make_acts(be, seq, x, c0, c1);
+        const index_t n = a.n;
+        auto [dk, dv] = kv_rows_backward(be, seq, c0, c1, a.h1.view(n, d), mode.weight_grads);
+        buffer dh1 = be.template allocate<T>(n * d);  // (n, d)
+        kv_input_backward(be, a.h1.view(n, d), dk.view(n, kvw), dv.view(n, kvw), dh1.view(n, d),
+                          mode.weight_grads);
+        buffer dxc = be.template allocate<T>(n * d);  // (n, d) this chunk's dx rows
+        if (mode.input_grad) gather_x(be, seq, c0, c1, matrix_view<const T>(dx), dxc.view(n, d));
+        be.rmsnorm_backward(a.xv, vec(ids_.input_norm), a.rstd1.span(), dh1.view(n, d),
+                            dxc.view(n, d), grad_vec(ids_.input_norm, mode.weight_grads));
+        if (mode.input_grad) scatter_x(be, seq, c0, c1, matrix_view<const T>(dxc.view(n, d)), dx);
+      });
+    end_backward(be);
   }
 
  private:
@@ -237,12 +312,72 @@ class decoder_layer {
     buffer act;               // (n, f) silu(gate) * up
   };
 
+  /// Rows of x, y, dy, dx: B*T, or B*Tl over a shard.
+  index_t local_rows(const sequence_batch& seq) const {
+    return shard_ ? seq.batch * shard_->local_len() : seq.rows();
+  }
+
+  void use_shard(const sequence_batch& seq, const sequence_shard& shard) {
+    check(shard.seq_len == seq.seq_len && !shard.blocks.empty(),
+          "decoder_layer: the sequence shard covers T = ", shard.seq_len, " with ",
+          shard.blocks.size(), " blocks, the batch has T = ", seq.seq_len);
+    shard_ = shard;
+  }
+
+  /// f(c0, c1) over the shard's positions, `step` at a time within each block (global
+  /// positions), first to last or last to first.
+  template <class F>
+  void for_each_shard_chunk(index_t step, bool last_first, F&& f) const {
+    std::vector<std::pair<index_t, index_t>> chunks;
+    for (const auto& k : shard_->blocks)
+      for (index_t c0 = k.p0; c0 < k.p1; c0 += step)
+        chunks.emplace_back(c0, std::min(k.p1, c0 + step));
+    if (last_first) std::reverse(chunks.begin(), chunks.end());
+    for (auto [c0, c1] : chunks) f(c0, c1);
+  }
+
+  /// gather_rows / scatter_rows for x, y, dy, dx: (B*T) rows, or the shard's (B*Tl) rows
+  /// (then [c0, c1) must lie inside one of its blocks).
+  index_t local_start(index_t c0, index_t c1) const {
+    const auto* k = shard_->find(c0);
+    check(k != nullptr && c1 <= k->p1, "decoder_layer: chunk [", c0, ", ", c1,
+          ") is not inside one block of this rank's sequence shard");
+    return k->local0 + (c0 - k->p0);
+  }
+  void gather_x(B& be, const sequence_batch& seq, index_t c0, index_t c1, matrix_view<const T> src,
+                matrix_view<T> dst) const {
+    if (!shard_) return gather_rows(be, seq, c0, c1, src, dst);
+    const index_t l0 = local_start(c0, c1), c = c1 - c0, tl = shard_->local_len();
+    for (index_t b = 0; b < seq.batch; ++b)
+      be.copy(src.row_range(b * tl + l0, b * tl + l0 + c), dst.row_range(b * c, (b + 1) * c));
+  }
+  void scatter_x(B& be, const sequence_batch& seq, index_t c0, index_t c1, matrix_view<const T> src,
+                 matrix_view<T> dst) const {
+    if (!shard_) return scatter_rows(be, seq, c0, c1, src, dst);
+    const index_t l0 = local_start(c0, c1), c = c1 - c0, tl = shard_->local_len();
+    for (index_t b = 0; b < seq.batch; ++b)
+      be.copy(src.row_range(b * c, (b + 1) * c), dst.row_range(b * tl + l0, b * tl + l0 + c));
+  }
+
+  /// y rows of the chunk = x2 + act Wd^T (+ bd).
+  void write_output(B& be, const sequence_batch& seq, const chunk_acts& a, index_t c0, index_t c1,
+                    matrix_view<T> y) const {
+    buffer y_c = be.template allocate<T>((c1 - c0) * seq.batch * cfg_.hidden_size);
+    auto yv = y_c.view((c1 - c0) * seq.batch, cfg_.hidden_size);  // (B*c, d)
+    be.copy(a.x2.view(yv.rows, yv.cols), yv);
+    be.gemm(transpose::no, transpose::yes, A(1), a.act.view(yv.rows, cfg_.intermediate_size),
+            weight(ids_.down_proj, cfg_.hidden_size, cfg_.intermediate_size), A(1), yv);
+    if (cfg_.mlp_bias) add_bias(be, ids_.down_bias, yv);
+    lora_forward(be, projection::down_proj, a.act.view(yv.rows, cfg_.intermediate_size), yv);
+    scatter_x(be, seq, c0, c1, matrix_view<const T>(yv), y);
+  }
+
   void check_rows(const char* where, const sequence_batch& seq, matrix_view<const T> in,
                   matrix_view<T> out) const {
     const std::string w = std::string("decoder_layer::") + where;
-    check_extent(w.c_str(), "input rows", in.rows, seq.rows());
+    check_extent(w.c_str(), "input rows", in.rows, local_rows(seq));
     check_extent(w.c_str(), "input cols", in.cols, cfg_.hidden_size);
-    check_extent(w.c_str(), "output rows", out.rows, seq.rows());
+    check_extent(w.c_str(), "output rows", out.rows, local_rows(seq));
     check_extent(w.c_str(), "output cols", out.cols, cfg_.hidden_size);
   }
 
@@ -364,11 +499,11 @@ class decoder_layer {
     a.c1 = c1;
     a.n = (c1 - c0) * seq.batch;
     const index_t d = cfg_.hidden_size;
-    if (c0 == 0 && c1 == seq.seq_len) {
+    if (c1 - c0 == (shard_ ? shard_->local_len() : seq.seq_len)) {
       a.xv = x;
     } else {
       a.x = be.template allocate<T>(a.n * d);
-      gather_rows(be, seq, c0, c1, x, a.x.view(a.n, d));
+      gather_x(be, seq, c0, c1, x, a.x.view(a.n, d));
       a.xv = a.x.view(a.n, d);
     }
     a.h1 = be.template allocate<T>(a.n * d);
@@ -506,7 +641,7 @@ class decoder_layer {
     const bool wg = mode.weight_grads;
     // dy rows of the chunk; dx2 starts as dy (residual)
     buffer dx2 = be.template allocate<T>(n * d);  // (n, d)
-    gather_rows(be, seq, c0, c1, dy, dx2.view(n, d));
+    gather_x(be, seq, c0, c1, dy, dx2.view(n, d));
     {
       // MLP: y = x2 + act Wd^T
       buffer dh2 = be.template allocate<T>(n * d);  // (n, d)
@@ -589,7 +724,58 @@ class decoder_layer {
       dq = std::move(dq_raw);
       a.q_raw.reset();
     }
-    // k, v rows of this chunk are complete now (later chunks were done first)
+    auto h1 = a.h1.view(n, d);
+    if (wants(ids_.q_proj, wg))
+      be.gemm(transpose::yes, transpose::no, A(1), dq.view(n, qw), h1, A(1),
+              grad(ids_.q_proj, qw, d));
+    if (cfg_.qkv_bias && wants(ids_.q_bias, wg)) add_bias_grad(be, ids_.q_bias, dq.view(n, qw));
+    // k, v rows of this chunk are complete now (later chunks were done first); over a
+    // sequence shard later ranks add to them: end_backward_shard backpropagates them
+    std::pair<buffer, buffer> dkv;
+    if (!shard_) dkv = kv_rows_backward(be, seq, c0, c1, h1, wg);
+    // dh1 is needed for dx, or for the input norm's weight gradient
+    const bool need_dh1 = mode.input_grad || wants(ids_.input_norm, wg);
+    if (!need_dh1) {  // the adapters' gradients only
+      lora_backward(be, projection::q_proj, h1, dq.view(n, qw), {}, wg);
+      if (!shard_)
+        kv_lora_backward(be, h1, dkv.first.view(n, kvw), dkv.second.view(n, kvw), {}, wg);
+      return;
+    }
+    // dh1 = dq Wq + dk Wk + dv Wv; dx = dx2 + RMSNorm backward
+    buffer dh1 = be.template allocate<T>(n * d);  // (n, d)
+    be.gemm(transpose::no, transpose::no, A(1), dq.view(n, qw), weight(ids_.q_proj, qw, d), A(0),
+            dh1.view(n, d));
+    lora_backward(be, projection::q_proj, h1, dq.view(n, qw), dh1.view(n, d), wg);
+    if (!shard_)
+      kv_input_backward(be, h1, dkv.first.view(n, kvw), dkv.second.view(n, kvw), dh1.view(n, d),
+                        wg);
+    be.rmsnorm_backward(a.xv, vec(ids_.input_norm), a.rstd1.span(), dh1.view(n, d), dx2.view(n, d),
+                        grad_vec(ids_.input_norm, wg));
+    if (mode.input_grad) scatter_x(be, seq, c0, c1, matrix_view<const T>(dx2.view(n, d)), dx);
+  }
+
+  /// dh1 (n, d) += dk Wk + dv Wv and the K/V adapters' part (dk, dv: (n, Hkv*hd)).
+  void kv_input_backward(B& be, matrix_view<const T> h1, matrix_view<const T> dk,
+                         matrix_view<const T> dv, matrix_view<T> dh1, bool wg) const {
+    const index_t d = cfg_.hidden_size, kvw = cfg_.kv_width();
+    be.gemm(transpose::no, transpose::no, A(1), dk, weight(ids_.k_proj, kvw, d), A(1), dh1);
+    be.gemm(transpose::no, transpose::no, A(1), dv, weight(ids_.v_proj, kvw, d), A(1), dh1);
+    kv_lora_backward(be, h1, dk, dv, dh1, wg);
+  }
+  /// The K and V adapters' backward (dh1 may be empty: their gradients only).
+  void kv_lora_backward(B& be, matrix_view<const T> h1, matrix_view<const T> dk,
+                        matrix_view<const T> dv, matrix_view<T> dh1, bool wg) const {
+    lora_backward(be, projection::k_proj, h1, dk, dh1, wg);
+    lora_backward(be, projection::v_proj, h1, dv, dh1, wg);
+  }
+
+  /// dK, dV (n, Hkv*hd) w.r.t. the K/V projections' outputs for rows [c0, c1) (complete in
+  /// kv_->dk / dv): RoPE and k-norm undone; with wg, the k/v weights' (and biases') gradients
+  /// accumulated from h1 (n, d).
+  std::pair<buffer, buffer> kv_rows_backward(B& be, const sequence_batch& seq, index_t c0,
+                                             index_t c1, matrix_view<const T> h1, bool wg) const {
+    const index_t n = h1.rows, d = cfg_.hidden_size, kvw = cfg_.kv_width();
+    const index_t hkv = cfg_.num_key_value_heads, hd = cfg_.head_dim, rows = seq.rows();
     buffer dk = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
     buffer dv = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
     gather_rows(be, seq, c0, c1, matrix_view<const T>(kv_->dk.view(rows, kvw)), dk.view(n, kvw));
@@ -608,10 +794,6 @@ class decoder_layer {
                           grad_vec(ids_.k_norm, wg));
       dk = std::move(dk_raw);
     }
-    auto h1 = a.h1.view(n, d);
-    if (wants(ids_.q_proj, wg))
-      be.gemm(transpose::yes, transpose::no, A(1), dq.view(n, qw), h1, A(1),
-              grad(ids_.q_proj, qw, d));
     if (wants(ids_.k_proj, wg))
       be.gemm(transpose::yes, transpose::no, A(1), dk.view(n, kvw), h1, A(1),
               grad(ids_.k_proj, kvw, d));
@@ -619,32 +801,10 @@ class decoder_layer {
       be.gemm(transpose::yes, transpose::no, A(1), dv.view(n, kvw), h1, A(1),
               grad(ids_.v_proj, kvw, d));
     if (cfg_.qkv_bias) {
-      if (wants(ids_.q_bias, wg)) add_bias_grad(be, ids_.q_bias, dq.view(n, qw));
       if (wants(ids_.k_bias, wg)) add_bias_grad(be, ids_.k_bias, dk.view(n, kvw));
       if (wants(ids_.v_bias, wg)) add_bias_grad(be, ids_.v_bias, dv.view(n, kvw));
     }
-    // dh1 is needed for dx, or for the input norm's weight gradient
-    const bool need_dh1 = mode.input_grad || wants(ids_.input_norm, wg);
-    if (!need_dh1) {  // the adapters' gradients only
-      lora_backward(be, projection::q_proj, h1, dq.view(n, qw), {}, wg);
-      lora_backward(be, projection::k_proj, h1, dk.view(n, kvw), {}, wg);
-      lora_backward(be, projection::v_proj, h1, dv.view(n, kvw), {}, wg);
-      return;
-    }
-    // dh1 = dq Wq + dk Wk + dv Wv; dx = dx2 + RMSNorm backward
-    buffer dh1 = be.template allocate<T>(n * d);  // (n, d)
-    be.gemm(transpose::no, transpose::no, A(1), dq.view(n, qw), weight(ids_.q_proj, qw, d), A(0),
-            dh1.view(n, d));
-    be.gemm(transpose::no, transpose::no, A(1), dk.view(n, kvw), weight(ids_.k_proj, kvw, d), A(1),
-            dh1.view(n, d));
-    be.gemm(transpose::no, transpose::no, A(1), dv.view(n, kvw), weight(ids_.v_proj, kvw, d), A(1),
-            dh1.view(n, d));
-    lora_backward(be, projection::q_proj, h1, dq.view(n, qw), dh1.view(n, d), wg);
-    lora_backward(be, projection::k_proj, h1, dk.view(n, kvw), dh1.view(n, d), wg);
-    lora_backward(be, projection::v_proj, h1, dv.view(n, kvw), dh1.view(n, d), wg);
-    be.rmsnorm_backward(a.xv, vec(ids_.input_norm), a.rstd1.span(), dh1.view(n, d), dx2.view(n, d),
-                        grad_vec(ids_.input_norm, wg));
-    if (mode.input_grad) scatter_rows(be, seq, c0, c1, matrix_view<const T>(dx2.view(n, d)), dx);
+    return {std::move(dk), std::move(dv)};
   }
 
   parameter_set<B>* params_;
@@ -657,7 +817,9 @@ class decoder_layer {
   std::optional<kv_state> kv_;
   std::optional<chunk_acts> kept_acts_;
   std::optional<kv_state> kept_kv_;
-  lora_binding<B> lora_{};  // adapters of the projections (none by default)
+  lora_binding<B> lora_{};               // adapters of the projections (none by default)
+  std::optional<sequence_shard> shard_;  // set while running over a sequence shard
+  index_t shard_chunk_ = 1;              // positions per chunk of that backward
 };
 
 }  // namespace tightfit

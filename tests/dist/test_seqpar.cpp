@@ -1,0 +1,183 @@
+// Sequence-parallel StreamBP under mpirun (part of test_dist, run as dist_np2 and dist_np3):
+// every rank holds the whole batch and computes its shard of the positions; in double the loss
+// and every gradient equal one process's compute_gradients on the whole batch to 1e-12
+// relative, for SFT, GRPO (token and sequence level), DPO and IPO, with T not divisible by the
+// rank count and right-padded rows, contiguous and zig-zag assignments, stream and checkpoint.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dist_testing.hpp"
+#include "dp_testing.hpp"
+#include "tightfit/dist/sequence_parallel.hpp"
+#include "tightfit/nn/sequence_shard.hpp"
+
+using namespace tightfit;
+using namespace tightfit::testing;
+
+namespace {
+
+static_assert(
+    SequenceParallelLayer<decoder_layer<reference_backend<double>>, reference_backend<double>>);
+
+/// The objective of `name` over piece `p` (the whole batch): make_objective's, and "gspo"
+/// (GRPO with the sequence-level ratio: a two-pass objective).
+test_objective seqpar_objective(const std::string& name, const piece& p) {
+  if (name == "gspo") {
+    grpo_options o = grpo_opts({"grpo", 0});
+    o.level = importance_sampling_level::sequence;
+    return {grpo_loss(p.advantages, p.old_lp, p.ref_lp, o)};
+  }
+  return make_objective({name, 0}, p);
+}
+
+backward_options seqpar_opts(backward_schedule s, index_t chunk) {
+  backward_options o;
+  o.sched = s;
+  o.chunk = chunk;
+  return o;
+}
+
+struct one_process {
+  double loss = 0;
+  std::vector<std::vector<double>> grads;
+  double attention_flops = 0;
+};
+
+one_process run_one(const model_config& cfg, const piece& p, const std::string& name,
+                    const backward_options& opt) {
+  reference_backend<double> be;
+  decoder_model<reference_backend<double>> model(be, cfg);
+  seed_weights(model);
+  test_objective objective = seqpar_objective(name, p);
+  one_process out;
+  out.loss = compute_gradients(model, p.rows.view(), objective, opt).loss;
+  out.grads = model_grads(model);
+  out.attention_flops = be.stats().attention_flops;
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("sequence shards partition the positions; bad counts are named") {
+  for (int n : {1, 2, 3, 4})
+    for (auto a : {sequence_assignment::contiguous, sequence_assignment::zigzag})
+      for (index_t t : {8, 13, 29}) {
+        std::vector<int> owner(static_cast<std::size_t>(t), -1);
+        for (int r = 0; r < n; ++r) {
+          const sequence_shard s = make_sequence_shard(t, n, r, a);
+          for (index_t i = 0; i < s.local_len(); ++i) {
+            const index_t p = s.global_of(i);
+            CHECK(owner[static_cast<std::size_t>(p)] == -1);
+            owner[static_cast<std::size_t>(p)] = r;
+            CHECK(s.local_of(p) == i);
+          }
+        }
+        CHECK(std::count(owner.begin(), owner.end(), -1) == 0);
+      }
+  CHECK_THROWS_WITH(make_sequence_shard(5, 3, 0, sequence_assignment::zigzag),
+                    doctest::Contains("T is 5 positions, too few for 3 ranks"));
+  CHECK_THROWS_WITH(parse_sequence_assignment("striped"),
+                    doctest::Contains("unknown sequence assignment 'striped'"));
+}
+
+TEST_CASE("sequence parallel: every rank gets one process's gradient of the whole batch (1e-12)") {
+  auto& comm = world();
+  const int n = comm.size();
+  for (bool tied : {false, true}) {
+    model_config cfg = tiny_config(4, 2, !tied, tied, 3);
+    cfg.qkv_bias = tied;
+    // B = 4 rows, T = 13 (not divisible by 2 or 3), lengths 13, 11, 12, 13 (right padding)
+    const piece p(4, 13, cfg.vocab_size, 31);
+    for (const char* name : {"sft", "grpo", "bnpo", "dr_grpo", "gspo", "dpo", "ipo"}) {
+      if (tied && std::string(name) != "sft" && std::string(name) != "dpo") continue;
+      for (auto sched : {backward_schedule::checkpoint, backward_schedule::stream})
+        for (auto assign : {sequence_assignment::contiguous, sequence_assignment::zigzag}) {
+          CAPTURE(name);
+          CAPTURE(tied);
+          CAPTURE(static_cast<int>(sched));
+          CAPTURE(static_cast<int>(assign));
+          const auto opt = seqpar_opts(sched, 2);
+          const one_process want = run_one(cfg, p, name, opt);
+          reference_backend<double> be;
+          decoder_model<reference_backend<double>> model(be, cfg);
+          seed_weights(model);
+          test_objective objective = seqpar_objective(name, p);
+          sequence_parallel_stats st;
+          const backward_result got = sequence_parallel_gradients(model, p.rows.view(), objective,
+                                                                  opt, comm, {assign}, &st);
+          CHECK(std::abs(got.loss - want.loss) <= 1e-12 * std::abs(want.loss));
+          CHECK(max_grads_rel_diff(model_grads(model), want.grads) <= 1e-12);
+          const index_t layers = cfg.num_hidden_layers;
+          CHECK(st.kv_gathers == 2 * layers);  // forward and backward
+          CHECK(st.kv_reductions == layers);
+          CHECK(st.gradient_groups == layers + 2);  // head, layers, embedding
+          index_t with_grad = 0;                    // each parameter's gradient reduced once
+          for (std::size_t i = 0; i < model.parameters().size(); ++i)
+            with_grad += model.parameters().has_grad(i) ? 1 : 0;
+          CHECK(st.gradient_messages == with_grad);
+          // agreement, loss; the two-pass objectives' log-probs
+          CHECK(st.other_messages == (objective.statistics_pass() ? 3 : 2));
+          // The ranks' attention work adds up to one process's (the reference backend counts
+          // every computed query-key pair).
+          std::vector<double> flops(static_cast<std::size_t>(n));
+          comm.all_gather(std::span<const double>(&st.attention_flops, 1),
+                          std::span<double>(flops));
+          CHECK(std::accumulate(flops.begin(), flops.end(), 0.0) ==
+                doctest::Approx(want.attention_flops).epsilon(1e-12));
+        }
+    }
+  }
+}
+
+TEST_CASE("sequence parallel: zig-zag evens out the attention work of causal attention") {
+  auto& comm = world();
+  const int n = comm.size();
+  const model_config cfg = tiny_config(2, 1, false, false, 1);
+  const random_batch rows(1, 60, cfg.vocab_size, {}, 5);
+  double imbalance[2] = {0, 0};
+  for (auto assign : {sequence_assignment::contiguous, sequence_assignment::zigzag}) {
+    reference_backend<double> be;
+    decoder_model<reference_backend<double>> model(be, cfg);
+    seed_weights(model);
+    sft_loss objective;
+    sequence_parallel_stats st;
+    sequence_parallel_gradients(model, rows.view(), objective,
+                                seqpar_opts(backward_schedule::stream, 4), comm, {assign}, &st);
+    std::vector<double> flops(static_cast<std::size_t>(n));
+    comm.all_gather(std::span<const double>(&st.attention_flops, 1), std::span<double>(flops));
+    const double mean = std::accumulate(flops.begin(), flops.end(), 0.0) / n;
+    imbalance[static_cast<int>(assign)] = *std::max_element(flops.begin(), flops.end()) / mean;
+  }
+  MESSAGE("attention work, max rank / mean over ", n, " ranks at T = 60: contiguous ", imbalance[0],
+          ", zigzag ", imbalance[1]);
+  CHECK(imbalance[1] < imbalance[0]);
+  CHECK(imbalance[1] < 1.05);
+}
+
+TEST_CASE("sequence parallel: unsupported options are refused on every rank") {
+  auto& comm = world();
+  const model_config cfg = tiny_config(4, 2, true, false, 2);
+  reference_backend<double> be;
+  decoder_model<reference_backend<double>> model(be, cfg);
+  seed_weights(model);
+  const random_batch rows(1, 9, cfg.vocab_size, {}, 3);
+  sft_loss objective;
+  CHECK_THROWS_WITH(sequence_parallel_gradients(model, rows.view(), objective,
+                                                seqpar_opts(backward_schedule::full, 2), comm),
+                    doctest::Contains("the full schedule"));
+  auto opt = seqpar_opts(backward_schedule::stream, 2);
+  opt.keep_every = 2;
+  CHECK_THROWS_WITH(sequence_parallel_gradients(model, rows.view(), objective, opt, comm),
+                    doctest::Contains("keep_every is 2"));
+  const random_batch short_rows(1, 3, cfg.vocab_size, {}, 3);
+  if (comm.size() >= 2)
+    CHECK_THROWS_WITH(sequence_parallel_gradients(model, short_rows.view(), objective,
+                                                  seqpar_opts(backward_schedule::stream, 2), comm),
+                      doctest::Contains("too few for"));
+}
