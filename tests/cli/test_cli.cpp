@@ -63,6 +63,35 @@ TEST_CASE("usage errors exit 2, help exits 0") {
   CHECK(run("plan --preset qwen3-bench --seq 100 --budget lots").code == 2);
 }
 
+TEST_CASE("grad: GRPO and DPO option values are argument errors naming them") {
+  const struct {
+    const char* args;
+    const char* named;
+  } cases[] = {
+      {"--objective grpo --loss-type ppo", "'ppo'"},
+      {"--objective grpo --importance-sampling-level group", "'group'"},
+      {"--objective grpo --delta 0.9", "--delta is 0.9"},
+      {"--objective grpo --delta inf", "--delta"},
+      {"--objective grpo --mask-truncated-completions", "--eos-token-id"},
+      {"--objective grpo --eos-token-id 2", "--mask-truncated-completions"},
+      {"--objective grpo --mask-truncated-completions --eos-token-id 2,x", "'x'"},
+      {"--objective grpo --mask-truncated-completions --eos-token-id -3", "--eos-token-id"},
+      {"--objective dpo --loss-type kto", "'kto'"},
+      {"--objective dpo --rpo-alpha -1", "--rpo-alpha"},
+      {"--objective dpo --simpo-gamma nan", "--simpo-gamma"},
+      {"--objective dpo --label-smoothing 0.7", "--label-smoothing"},
+      {"--objective dpo --delta 2", "--delta applies to --objective grpo"},
+      {"--objective grpo --simpo-gamma 1", "--simpo-gamma applies to --objective dpo"},
+      {"--loss-type dapo", "--loss-type applies"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.args);
+    const auto r = run(std::string("grad --model x --batch y ") + c.args);
+    CHECK(r.code == 2);
+    CHECK(r.err.find(c.named) != std::string::npos);
+  }
+}
+
 TEST_CASE("grad: JSON line and gradients equal to the library's") {
   fixture f;
   const index_t b = 2, t = 7;
