@@ -53,7 +53,7 @@ TEST_CASE("usage errors exit 2, help exits 0") {
   CHECK(run("").code == 2);
   CHECK(run("frobnicate").code == 2);
   CHECK(run("--help").code == 0);
-  for (std::string cmd : {"grad", "plan", "bench", "measure", "train"}) {
+  for (std::string cmd : {"grad", "logprobs", "plan", "bench", "measure", "train"}) {
     CAPTURE(cmd);
     CHECK(run(cmd + " --help").code == 0);
   }
