@@ -15,10 +15,13 @@
 #include <vector>
 
 #include "args.hpp"
+#include "batch_file.hpp"
 #include "checks.hpp"
 #include "commands.hpp"
 #include "tightfit/backend/eigen.hpp"
+#include "tightfit/dist/data_parallel.hpp"
 #include "tightfit/dist/self_communicator.hpp"
+#include "tightfit/dist/sequence_parallel.hpp"
 #include "tightfit/io/safetensors.hpp"
 #include "tightfit/loss/dpo.hpp"
 #include "tightfit/loss/grpo.hpp"
@@ -26,10 +29,9 @@
 #include "tightfit/nn/hf_model.hpp"
 #include "tightfit/stream/backward.hpp"
 #include "tightfit/stream/planner.hpp"
+
 #if defined(TIGHTFIT_HAS_MPI)
-#include "tightfit/dist/data_parallel.hpp"
 #include "tightfit/dist/mpi_communicator.hpp"
-#include "tightfit/dist/sequence_parallel.hpp"
 #endif
 
 namespace tightfit::cli {
@@ -44,139 +46,59 @@ constexpr const char* grad_usage =
     "                     [--schedule full|checkpoint|stream] [--chunk N|auto] [--budget BYTES]\n"
     "                     [--dtype f32|f64] [--out FILE] [--head-chunk ROWS] [--temperature T]\n"
     "                     [--beta B] [--epsilon-low E] [--epsilon-high E] [--loss-type NAME]\n"
-    "                     [--label-smoothing S] [--max-completion-length L]\n"
+    "                     [--max-completion-length L] [--importance-sampling-level "
+    "token|sequence]\n"
+    "                     [--delta D] [--mask-truncated-completions --eos-token-id ID[,ID...]]\n"
+    "                     [--label-smoothing S] [--rpo-alpha A] [--simpo-gamma G]\n"
     "                     [--parallel data|sequence] [--assignment zigzag|contiguous]\n"
     "  The batch is a safetensors file in the Hugging Face convention (labels unshifted,\n"
     "  -100 ignored, right padding):\n"
     "    sft:  input_ids (B,T), labels (B,T), optional attention_mask (B,T) or lengths (B),\n"
     "          optional position_ids (B,T): packed documents, positions restarting at 0 at\n"
     "          each (Hugging Face padding-free layout; a document attends only to itself)\n"
-    "    grpo: the same plus advantages (B), optional old_logprobs and ref_logprobs (B,T)\n"
-    "          aligned with labels (entry t is the log-prob of labels[t])\n"
+    "    grpo: the same plus advantages (D), optional old_logprobs and ref_logprobs (B,T)\n"
+    "          aligned with labels (entry t is the log-prob of labels[t]); D = B, or with\n"
+    "          position_ids one completion per document, in row-major order\n"
     "    dpo:  chosen_input_ids, chosen_labels, rejected_input_ids, rejected_labels (P,T),\n"
     "          optional chosen_attention_mask, rejected_attention_mask (P,T), and\n"
-    "          ref_chosen_logps, ref_rejected_logps (P)\n"
+    "          ref_chosen_logps, ref_rejected_logps (P) (optional for simpo and orpo);\n"
+    "          packed: chosen_position_ids / rejected_position_ids, the i-th chosen and the\n"
+    "          i-th rejected document (row-major order) form pair i\n"
+    "  `tightfit logprobs` adds old_logprobs / ref_logprobs / ref_*_logps to a batch file.\n"
     "  attention_mask holds 0 / 1 only; a label outside the mask is never supervised,\n"
     "  whatever its value. Any other tensor in the batch file is an error naming it.\n"
-    "  Loss types: grpo|bnpo|dr_grpo (grpo), sigmoid|ipo|hinge (dpo). --chunk auto picks the\n"
-    "  largest power-of-two chunk whose StreamBP peak fits --budget (default 4G), keeping only\n"
-    "  every k-th layer input (the smallest k that fits) when all inputs do not fit.\n"
+    "  Options follow TRL's names. grpo: --loss-type grpo|bnpo|dapo|dr_grpo (default grpo),\n"
+    "  --beta (KL weight, default 0), --epsilon-low/--epsilon-high (clip range, 0.2 / "
+    "epsilon-low),\n"
+    "  --importance-sampling-level token|sequence (sequence: GSPO), --delta (upper bound of the\n"
+    "  ratio, > 1; default none), --mask-truncated-completions: a completion whose last token is\n"
+    "  not one of --eos-token-id (its completion was truncated) adds no loss; dr_grpo divides by\n"
+    "  --max-completion-length (default T). dpo: --loss-type sigmoid|ipo|hinge|simpo|orpo\n"
+    "  (default sigmoid; simpo and orpo are reference-free), --beta (default 0.1; ORPO's\n"
+    "  lambda), --label-smoothing (sigmoid, simpo), --rpo-alpha (NLL on chosen tokens),\n"
+    "  --simpo-gamma (default 0.5). An option of another objective is an argument error.\n"
+    "  --chunk auto picks the largest power-of-two chunk whose StreamBP peak fits --budget\n"
+    "  (default 4G), keeping only every k-th layer input (the smallest k that fits) when all\n"
+    "  inputs do not fit.\n"
     "  Prints one JSON line: loss, schedule, chunk, peak_activation_bytes, seconds, ...\n"
     "  Under mpirun (needs MPI): --parallel data gives each rank a contiguous share of the rows\n"
     "  (dpo: of the pairs), --parallel sequence a share of every row's positions (zigzag\n"
     "  blocks by default, or contiguous; stream or checkpoint schedule); the gradients are those\n"
     "  of one process on the whole batch; rank 0 prints and writes --out, the others are\n"
-    "  silent; peak_activation_bytes is the largest rank's.\n";
+    "  silent; peak_activation_bytes is the largest rank's. Packed batches (position_ids) run\n"
+    "  in one process only for now.\n";
 
-/// A (B, T) integer tensor of the batch file, or an error naming it.
-struct int_matrix {
-  index_t rows = 0, cols = 0;
-  std::vector<std::int64_t> data;
-};
-
-int_matrix read_int_matrix(const safetensors_file& f, const std::string& name) {
-  check(f.contains(name), f.source(), ": the batch has no tensor '", name, "'");
-  const auto& info = f.info(name);
-  check(info.shape.size() == 2, f.source(), ": tensor '", name, "' has ", info.shape.size(),
-        " dimensions, expected 2 (B, T)");
-  return {info.shape[0], info.shape[1], f.read_ints(name)};
-}
-
-std::vector<double> read_floats(const safetensors_file& f, const std::string& name,
-                                index_t expected) {
-  check(f.contains(name), f.source(), ": the batch has no tensor '", name, "'");
-  auto v = f.template read<double>(name);
-  check(static_cast<index_t>(v.size()) == expected, f.source(), ": tensor '", name, "' has ",
-        v.size(), " elements, expected ", expected);
-  return v;
-}
-
-/// Valid lengths from an attention mask (right padding only) or a lengths tensor.
-std::vector<index_t> read_lengths(const safetensors_file& f, const std::string& mask_name,
-                                  const std::string& lengths_name, index_t b, index_t t) {
-  std::vector<index_t> lengths;
-  if (f.contains(mask_name)) {
-    const auto m = read_int_matrix(f, mask_name);
-    check(m.rows == b && m.cols == t, f.source(), ": ", mask_name, " is (", m.rows, ", ", m.cols,
-          "), expected (", b, ", ", t, ")");
-    for (std::size_t i = 0; i < m.data.size(); ++i)
-      check(m.data[i] == 0 || m.data[i] == 1, f.source(), ": ", mask_name, "[",
-            static_cast<index_t>(i) / t, "][", static_cast<index_t>(i) % t, "] is ", m.data[i],
-            ", expected 0 or 1");
-    for (index_t r = 0; r < b; ++r) {
-      index_t len = 0;
-      while (len < t && m.data[static_cast<std::size_t>(r * t + len)] != 0) ++len;
-      for (index_t p = len; p < t; ++p)
-        check(m.data[static_cast<std::size_t>(r * t + p)] == 0, f.source(), ": ", mask_name,
-              " row ", r, " is not right padding (a 1 at position ", p, " after a 0)");
-      check(len >= 1, f.source(), ": ", mask_name, " row ", r, " has no valid position");
-      lengths.push_back(len);
-    }
-  } else if (!lengths_name.empty() && f.contains(lengths_name)) {
-    const auto l = f.read_ints(lengths_name);
-    check(static_cast<index_t>(l.size()) == b, f.source(), ": ", lengths_name, " has ", l.size(),
-          " entries, expected ", b);
-    lengths.assign(l.begin(), l.end());
+/// A comma-separated list of token ids (--eos-token-id 2 or 2,151645), each in [0, 2^31).
+std::vector<token_id> parse_token_ids(const std::string& key, const std::string& text) {
+  std::vector<token_id> out;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', start);
+    const std::string item = text.substr(start, comma == std::string::npos ? comma : comma - start);
+    out.push_back(static_cast<token_id>(parse_integer(key, item, 0, (1LL << 31) - 1)));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
   }
-  return lengths;
-}
-
-/// Every tensor of the batch file must be one the objective reads: an unknown key (a typo, or
-/// a feature tightfit would silently ignore) is an error naming it.
-void check_batch_keys(const safetensors_file& f, const std::string& objective) {
-  std::vector<std::string> known;
-  if (objective == "dpo")
-    known = {"chosen_input_ids", "chosen_labels",         "rejected_input_ids",
-             "rejected_labels",  "chosen_attention_mask", "rejected_attention_mask",
-             "ref_chosen_logps", "ref_rejected_logps"};
-  else
-    known = {"input_ids", "labels", "attention_mask", "lengths", "position_ids"};
-  if (objective == "grpo")
-    for (const char* k : {"advantages", "old_logprobs", "ref_logprobs"}) known.push_back(k);
-  for (const auto& t : f.tensors()) {
-    if (std::find(known.begin(), known.end(), t.name) != known.end()) continue;
-    std::string list;
-    for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
-    fail(f.source(), ": tensor '", t.name, "' is not used by --objective ", objective,
-         " (expected: ", list, ")");
-  }
-}
-
-/// Packed positions (B, T) from position_ids, or empty when the batch has none.
-std::vector<index_t> read_positions(const safetensors_file& f, const std::string& objective,
-                                    index_t b, index_t t) {
-  if (!f.contains("position_ids")) return {};
-  check(objective == "sft", f.source(), ": position_ids (packed sequences) work with --objective ",
-        "sft only (the per-completion statistics of ", objective, " are per row)");
-  const auto m = read_int_matrix(f, "position_ids");
-  check(m.rows == b && m.cols == t, f.source(), ": position_ids is (", m.rows, ", ", m.cols,
-        "), expected (", b, ", ", t, ") like input_ids");
-  std::vector<index_t> pos(m.data.begin(), m.data.end());
-  // sequence_batch::validate names the first bad entry (row, position, value)
-  try {
-    sequence_batch{b, t, {}, pos}.validate();
-  } catch (const error& e) {
-    fail(f.source(), ": ", e.what());
-  }
-  return pos;
-}
-
-/// Labels at positions outside the valid length of their row (attention_mask 0) set to
-/// ignore_index: padding is never supervised, whatever label the file gives it.
-void ignore_padding_labels(std::vector<token_id>& labels, const std::vector<index_t>& lengths,
-                           index_t t) {
-  for (std::size_t r = 0; r < lengths.size(); ++r)
-    for (index_t p = std::max<index_t>(lengths[r], 0); p < t; ++p)
-      labels[r * static_cast<std::size_t>(t) + static_cast<std::size_t>(p)] = ignore_index;
-}
-
-/// Per-token values aligned with labels (entry t belongs to labels[t]) to target alignment
-/// (entry t belongs to the token predicted at position t, i.e. labels[t + 1]).
-std::vector<double> shift_values(const std::vector<double>& v, index_t b, index_t t) {
-  std::vector<double> out(v.size(), 0.0);
-  for (index_t r = 0; r < b; ++r)
-    for (index_t p = 0; p + 1 < t; ++p)
-      out[static_cast<std::size_t>(r * t + p)] = v[static_cast<std::size_t>(r * t + p + 1)];
   return out;
 }
 
@@ -207,89 +129,43 @@ int run_grad(const arguments& a, Comm& comm) {
   const auto batch_file = safetensors_file::open(a.get("--batch"));
   const std::string objective = a.get("--objective", "sft");
   check_batch_keys(batch_file, objective);
-  index_t b = 0, t = 0;
-  std::vector<token_id> ids, labels;
-  std::vector<index_t> lengths;
-  std::vector<index_t> chosen, rejected;
-  std::vector<index_t> positions;
-  if (objective == "dpo") {
-    const auto ci = read_int_matrix(batch_file, "chosen_input_ids");
-    const auto cl = read_int_matrix(batch_file, "chosen_labels");
-    const auto ri = read_int_matrix(batch_file, "rejected_input_ids");
-    const auto rl = read_int_matrix(batch_file, "rejected_labels");
-    check(ci.rows == cl.rows && ci.cols == cl.cols && ri.rows == ci.rows && rl.rows == ci.rows &&
-              ri.cols == ci.cols && rl.cols == ci.cols,
-          batch_file.source(), ": chosen/rejected input_ids and labels must all be (P, T); got (",
-          ci.rows, ", ", ci.cols, ") and (", ri.rows, ", ", ri.cols, ")");
-    const index_t p = ci.rows;
-    b = 2 * p;
-    t = ci.cols;
-    ids = ci.data;
-    ids.insert(ids.end(), ri.data.begin(), ri.data.end());
-    labels = cl.data;
-    labels.insert(labels.end(), rl.data.begin(), rl.data.end());
-    auto lc = read_lengths(batch_file, "chosen_attention_mask", "", p, t);
-    auto lr = read_lengths(batch_file, "rejected_attention_mask", "", p, t);
-    if (!lc.empty() || !lr.empty()) {
-      if (lc.empty()) lc.assign(static_cast<std::size_t>(p), t);
-      if (lr.empty()) lr.assign(static_cast<std::size_t>(p), t);
-      lengths = lc;
-      lengths.insert(lengths.end(), lr.begin(), lr.end());
-      ignore_padding_labels(labels, lengths, t);
-    }
-    for (index_t i = 0; i < p; ++i) {
-      chosen.push_back(i);
-      rejected.push_back(p + i);
-    }
-  } else {
-    const auto in = read_int_matrix(batch_file, "input_ids");
-    const auto lab = read_int_matrix(batch_file, "labels");
-    check(in.rows == lab.rows && in.cols == lab.cols, batch_file.source(), ": labels is (",
-          lab.rows, ", ", lab.cols, "), expected (", in.rows, ", ", in.cols, ") like input_ids");
-    b = in.rows;
-    t = in.cols;
-    ids = in.data;
-    labels = lab.data;
-    lengths = read_lengths(batch_file, "attention_mask", "lengths", b, t);
-    if (!lengths.empty()) {
-      for (std::size_t r = 0; r < lengths.size(); ++r)
-        check(lengths[r] >= 1 && lengths[r] <= t, batch_file.source(), ": lengths[", r, "] is ",
-              lengths[r], ", expected a length in [1, ", t, "]");
-      ignore_padding_labels(labels, lengths, t);
-    }
-    positions = read_positions(batch_file, objective, b, t);
+  loaded_batch lb = read_batch(batch_file, objective);
+  const index_t b = lb.b, t = lb.t;
+  index_t truncated = 0;
+  if (objective == "grpo" && a.has("--mask-truncated-completions")) {
+    const auto stop = parse_token_ids("--eos-token-id", a.get("--eos-token-id"));
+    truncated =
+        mask_truncated_completions(lb.targets, lb.ids, b, t, lb.lengths, stop, lb.positions);
   }
-  const std::vector<token_id> targets = shift_labels(labels, b, t);
-  const token_batch batch{b, t, ids, targets, lengths, positions};
+  const token_batch batch = lb.view();
+  check(parallel.empty() || lb.positions.empty(), batch_file.source(), ": --parallel ", parallel,
+        " with packed sequences (position_ids) is not supported yet; ", "run it in one process");
 
   // --parallel data: this rank's rows [r B / N, (r + 1) B / N) (dpo: its pairs' chosen rows,
-  // then their rejected rows), and the pairs renumbered over them.
+  // then their rejected rows), and the pairs renumbered over them; empty in one process.
   const int ranks = comm.size(), me = comm.rank();
   std::vector<index_t> my_rows, my_chosen, my_rejected;
-  if (objective == "dpo") {
-    const auto p = static_cast<index_t>(chosen.size());
+  if (parallel == "data" && objective == "dpo") {
+    const index_t p = lb.pairs();
     const index_t p0 = p * me / ranks, p1 = p * (me + 1) / ranks;
-    if (parallel == "data")
-      check(p >= ranks, batch_file.source(), ": ", p, " pairs for ", ranks,
-            " ranks (--parallel data needs at least one pair per rank)");
+    check(p >= ranks, batch_file.source(), ": ", p, " pairs for ", ranks,
+          " ranks (--parallel data needs at least one pair per rank)");
     for (index_t i = p0; i < p1; ++i) my_rows.push_back(i);
     for (index_t i = p0; i < p1; ++i) my_rows.push_back(p + i);
     for (index_t i = 0; i < p1 - p0; ++i) {
       my_chosen.push_back(i);
       my_rejected.push_back(p1 - p0 + i);
     }
-  } else {
-    if (parallel == "data")
-      check(b >= ranks, batch_file.source(), ": ", b, " rows for ", ranks,
-            " ranks (--parallel data needs at least one row per rank)");
+  } else if (parallel == "data") {
+    check(b >= ranks, batch_file.source(), ": ", b, " rows for ", ranks,
+          " ranks (--parallel data needs at least one row per rank)");
     for (index_t r = b * me / ranks; r < b * (me + 1) / ranks; ++r) my_rows.push_back(r);
   }
-  const std::vector<token_id> my_ids = take_rows(ids, my_rows, t),
-                              my_targets = take_rows(targets, my_rows, t);
-  const std::vector<index_t> my_lengths = take_rows(lengths, my_rows, 1),
-                             my_positions = take_rows(positions, my_rows, t);
+  const std::vector<token_id> my_ids = take_rows(lb.ids, my_rows, t),
+                              my_targets = take_rows(lb.targets, my_rows, t);
+  const std::vector<index_t> my_lengths = take_rows(lb.lengths, my_rows, 1);
   const token_batch my_batch{
-      static_cast<index_t>(my_rows.size()), t, my_ids, my_targets, my_lengths, my_positions};
+      static_cast<index_t>(my_rows.size()), t, my_ids, my_targets, my_lengths, {}};
 
   backward_options opt;
   opt.sched = parse_backward_schedule(a.get("--schedule", "stream"));
@@ -328,7 +204,8 @@ int run_grad(const arguments& a, Comm& comm) {
     sft_loss loss, mine;
     result = gradients(loss, mine);
   } else if (objective == "grpo") {
-    const auto adv = read_floats(batch_file, "advantages", b);
+    // one advantage per completion: per row, or per document of a packed batch
+    const auto adv = read_floats(batch_file, "advantages", lb.documents());
     std::vector<double> old, refp;
     if (batch_file.contains("old_logprobs"))
       old = shift_values(read_floats(batch_file, "old_logprobs", b * t), b, t);
@@ -340,24 +217,37 @@ int run_grad(const arguments& a, Comm& comm) {
     go.epsilon_high = a.real("--epsilon-high", go.epsilon_low, 0, 1e6);
     go.aggregation = parse_grpo_aggregation(a.get("--loss-type", "grpo"));
     go.max_completion_length = a.integer("--max-completion-length", 0, 0, max_count);
+    go.level = parse_importance_sampling_level(a.get("--importance-sampling-level", "token"));
+    go.delta = a.real("--delta", 0.0, 0, 1e6);
     grpo_loss loss(adv, old, refp, go);
     const auto my_adv = take_rows(adv, my_rows, 1), my_old = take_rows(old, my_rows, t),
                my_ref = take_rows(refp, my_rows, t);
     grpo_loss mine(my_adv, my_old, my_ref, go);
     result = gradients(loss, mine);
   } else if (objective == "dpo") {
-    const auto p = static_cast<index_t>(chosen.size());
-    const auto ref_w = read_floats(batch_file, "ref_chosen_logps", p);
-    const auto ref_l = read_floats(batch_file, "ref_rejected_logps", p);
+    const index_t p = lb.pairs();
     dpo_options dopt;
     dopt.beta = a.real("--beta", 0.1, 0, 1e6);
-    dopt.label_smoothing = a.real("--label-smoothing", 0.0, 0, 1);
+    dopt.label_smoothing = a.real("--label-smoothing", 0.0, 0, 0.5);
+    dopt.rpo_alpha = a.real("--rpo-alpha", 0.0, 0, 1e6);
+    dopt.simpo_gamma = a.real("--simpo-gamma", 0.5, -1e6, 1e6);
     dopt.loss = parse_dpo_loss_type(a.get("--loss-type", "sigmoid"));
-    dpo_loss loss(chosen, rejected, ref_w, ref_l, dopt);
+    // reference sums: required by sigmoid/ipo/hinge (read_floats names a missing one), used
+    // by none of the reference-free losses (simpo, orpo), which accept them when both are given
+    std::vector<double> ref_w, ref_l;
+    if (needs_reference(dopt.loss) || batch_file.contains("ref_chosen_logps") ||
+        batch_file.contains("ref_rejected_logps")) {
+      ref_w = read_floats(batch_file, "ref_chosen_logps", p);
+      ref_l = read_floats(batch_file, "ref_rejected_logps", p);
+    }
+    dpo_loss loss(lb.chosen, lb.rejected, ref_w, ref_l, dopt);
     std::vector<index_t> my_pairs;
-    for (index_t i = p * me / ranks; i < p * (me + 1) / ranks; ++i) my_pairs.push_back(i);
+    if (parallel == "data")
+      for (index_t i = p * me / ranks; i < p * (me + 1) / ranks; ++i) my_pairs.push_back(i);
     const auto my_ref_w = take_rows(ref_w, my_pairs, 1), my_ref_l = take_rows(ref_l, my_pairs, 1);
-    dpo_loss mine(my_chosen, my_rejected, my_ref_w, my_ref_l, dopt);
+    // this rank's pairs (data parallel; with sequence parallelism a rank may have none)
+    dpo_loss mine =
+        parallel == "data" ? dpo_loss(my_chosen, my_rejected, my_ref_w, my_ref_l, dopt) : loss;
     result = gradients(loss, mine);
   } else {
     throw usage_error{"--objective expects sft, grpo or dpo, got '" + objective + "'"};
@@ -394,6 +284,7 @@ int run_grad(const arguments& a, Comm& comm) {
   out["peak_bytes"] = result.peak_bytes;
   out["seconds"] = seconds;
   out["forward_seconds"] = result.forward_seconds;
+  if (a.has("--mask-truncated-completions")) out["truncated_completions"] = truncated;
   if (a.has("--out")) out["gradients"] = a.get("--out");
   std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   return 0;
@@ -415,6 +306,8 @@ void check_grad_arguments(const arguments& a) {
       if (objective == "grpo") parse_grpo_aggregation(a.get("--loss-type"));
       if (objective == "dpo") parse_dpo_loss_type(a.get("--loss-type"));
     }
+    if (a.has("--importance-sampling-level"))
+      parse_importance_sampling_level(a.get("--importance-sampling-level"));
     if (a.has("--assignment")) parse_sequence_assignment(a.get("--assignment"));
     if (a.has("--parallel")) {
       const std::string parallel = a.get("--parallel");
@@ -433,6 +326,34 @@ void check_grad_arguments(const arguments& a) {
   } catch (const error& e) {
     throw usage_error{e.what()};
   }
+  // an option of another objective would be silently ignored: refuse it by name
+  auto only_for = [&](const std::string& which, std::initializer_list<const char*> keys) {
+    for (const char* k : keys)
+      if (a.has(k) && objective != which)
+        throw usage_error{std::string(k) + " applies to --objective " + which + ", not " +
+                          objective};
+  };
+  only_for("grpo", {"--epsilon-low", "--epsilon-high", "--max-completion-length",
+                    "--importance-sampling-level", "--delta", "--mask-truncated-completions",
+                    "--eos-token-id"});
+  only_for("dpo", {"--label-smoothing", "--rpo-alpha", "--simpo-gamma"});
+  if (objective == "sft" && (a.has("--loss-type") || a.has("--beta")))
+    throw usage_error{std::string(a.has("--loss-type") ? "--loss-type" : "--beta") +
+                      " applies to --objective grpo or dpo, not sft"};
+  if (a.has("--delta")) {
+    const double delta = a.real("--delta", 0.0, 0, 1e6);
+    if (!(delta > 1))
+      throw usage_error{"--delta is " + a.get("--delta") +
+                        ", expected > 1 (the upper bound of the importance ratio)"};
+  }
+  if (a.has("--mask-truncated-completions") != a.has("--eos-token-id"))
+    throw usage_error{a.has("--eos-token-id")
+                          ? "--eos-token-id is used only with --mask-truncated-completions"
+                          : "--mask-truncated-completions needs --eos-token-id ID[,ID...] "
+                            "(the tokens that end a complete completion)"};
+  if (a.has("--eos-token-id")) (void)parse_token_ids("--eos-token-id", a.get("--eos-token-id"));
+  (void)a.real("--rpo-alpha", 0.0, 0, 1e6);
+  (void)a.real("--simpo-gamma", 0.5, -1e6, 1e6);
   // every value is an argument error (exit 2) before any file is read
   if (a.get("--chunk", "512") != "auto") (void)a.integer("--chunk", 512, 1, max_count);
   if (a.has("--budget")) (void)parse_bytes("--budget", a.get("--budget"));
@@ -440,7 +361,7 @@ void check_grad_arguments(const arguments& a) {
   (void)a.integer("--max-completion-length", 0, 0, max_count);
   (void)a.real("--temperature", 1.0, 1e-6, 1e6);
   for (const char* k : {"--beta", "--epsilon-low", "--epsilon-high"}) (void)a.real(k, 0.0, 0, 1e6);
-  (void)a.real("--label-smoothing", 0.0, 0, 1);
+  (void)a.real("--label-smoothing", 0.0, 0, 0.5);
   path_guard paths;
   paths.input(a.get("--model"));
   paths.input(a.get("--batch"));
@@ -480,24 +401,43 @@ int run_parallel([[maybe_unused]] const arguments& a,
 }  // namespace
 
 int grad(int argc, char** argv) {
-  return with_arguments(
-      argc, argv,
-      {"--model", "--batch", "--objective", "--schedule", "--chunk", "--budget", "--dtype", "--out",
-       "--head-chunk", "--temperature", "--beta", "--epsilon-low", "--epsilon-high", "--loss-type",
-       "--label-smoothing", "--max-completion-length", "--parallel", "--assignment"},
-      {}, grad_usage, [&](const arguments& a) {
-        try {
-          check_grad_arguments(a);
-        } catch (const usage_error&) {
-          if (launched_rank_above_0()) return 2;  // rank 0 prints it once
-          throw;
-        }
-        const std::string dtype = a.get("--dtype", "f32");
-        if (a.has("--parallel")) return run_parallel(a, dtype);
-        self_communicator self;
-        if (dtype == "f64") return run_grad<double>(a, self);
-        return run_grad<float>(a, self);
-      });
+  return with_arguments(argc, argv,
+                        {"--model",
+                         "--batch",
+                         "--objective",
+                         "--schedule",
+                         "--chunk",
+                         "--budget",
+                         "--dtype",
+                         "--out",
+                         "--head-chunk",
+                         "--temperature",
+                         "--beta",
+                         "--epsilon-low",
+                         "--epsilon-high",
+                         "--loss-type",
+                         "--label-smoothing",
+                         "--max-completion-length",
+                         "--importance-sampling-level",
+                         "--delta",
+                         "--eos-token-id",
+                         "--rpo-alpha",
+                         "--simpo-gamma",
+                         "--parallel",
+                         "--assignment"},
+                        {"--mask-truncated-completions"}, grad_usage, [&](const arguments& a) {
+                          try {
+                            check_grad_arguments(a);
+                          } catch (const usage_error&) {
+                            if (launched_rank_above_0()) return 2;  // rank 0 prints it once
+                            throw;
+                          }
+                          const std::string dtype = a.get("--dtype", "f32");
+                          if (a.has("--parallel")) return run_parallel(a, dtype);
+                          self_communicator self;
+                          if (dtype == "f64") return run_grad<double>(a, self);
+                          return run_grad<float>(a, self);
+                        });
 }
 
 }  // namespace tightfit::cli

@@ -43,7 +43,9 @@ void train_usage(std::FILE* out) {
       "usage: tightfit train (--model DIR | --preset NAME) --data FILE\n"
       "         --optimizer adam|adamw|sgd|badam|bread-sgd|bread-lora|lora [options]\n"
       "  --preset NAME        tiny, or a preset of nn/presets.hpp (qwen3-bench, small, ...)\n"
-      "  --data FILE          safetensors with input_ids (N, T) and optional labels (N, T)\n"
+      "  --data FILE          safetensors with input_ids (N, T), optional labels (N, T) and\n"
+      "                       optional position_ids (N, T): packed rows, positions restarting\n"
+      "                       at 0 at each document (a document attends only to itself)\n"
       "  --steps N            optimizer steps (default 100)\n"
       "  --batch B            rows per micro-batch (and rank) (default 1)\n"
       "  --grad-accum N       micro-batches per optimizer step (default 1): a step trains on\n"
@@ -511,7 +513,7 @@ int run(const args& a, Comm& comm) {
   check_model_fits(cfg, sizeof(T), 4, a.model.empty() ? nullptr : &model_path);
   auto table = read_token_table(a.data);
   const token_dataset data(table.rows, table.seq_len, std::move(table.input_ids),
-                           std::move(table.labels));
+                           std::move(table.labels), std::move(table.position_ids));
   {
     backward_options bo;
     bo.sched = parse_backward_schedule(a.sched);

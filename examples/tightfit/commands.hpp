@@ -4,10 +4,11 @@
 
 namespace tightfit::cli {
 
-int grad(int argc, char** argv);     // tightfit grad ...    (cmd_grad.cpp)
-int bench(int argc, char** argv);    // tightfit bench ...   (cmd_bench.cpp)
-int plan(int argc, char** argv);     // tightfit plan ...    (cmd_plan.cpp)
-int measure(int argc, char** argv);  // tightfit measure ... (cmd_measure.cpp)
-int train(int argc, char** argv);    // tightfit train ...   (cmd_train.cpp)
+int grad(int argc, char** argv);      // tightfit grad ...     (cmd_grad.cpp)
+int logprobs(int argc, char** argv);  // tightfit logprobs ... (cmd_logprobs.cpp)
+int bench(int argc, char** argv);     // tightfit bench ...   (cmd_bench.cpp)
+int plan(int argc, char** argv);      // tightfit plan ...    (cmd_plan.cpp)
+int measure(int argc, char** argv);   // tightfit measure ... (cmd_measure.cpp)
+int train(int argc, char** argv);     // tightfit train ...   (cmd_train.cpp)
 
 }  // namespace tightfit::cli

@@ -14,6 +14,7 @@ void usage(std::FILE* out) {
                "usage: tightfit <command> [options]\n"
                "commands:\n"
                "  grad      gradients of a Hugging Face model on a batch (StreamBP schedules)\n"
+               "  logprobs  forward-only label log-probs of a batch (reference / old policy)\n"
                "  bench     benchmark tables (bench stream ...)\n"
                "  plan      the memory planner: chunk size and largest sequence per schedule\n"
                "  measure   dimensions of an object in a 3D point cloud (MEBB)\n"
@@ -26,11 +27,10 @@ struct command {
   int (*run)(int, char**);
 };
 
-constexpr command commands[] = {{"grad", tightfit::cli::grad},
-                                {"bench", tightfit::cli::bench},
-                                {"plan", tightfit::cli::plan},
-                                {"measure", tightfit::cli::measure},
-                                {"train", tightfit::cli::train}};
+constexpr command commands[] = {
+    {"grad", tightfit::cli::grad},       {"logprobs", tightfit::cli::logprobs},
+    {"bench", tightfit::cli::bench},     {"plan", tightfit::cli::plan},
+    {"measure", tightfit::cli::measure}, {"train", tightfit::cli::train}};
 
 }  // namespace
 

@@ -2,6 +2,7 @@
 // errors, the JSON line of `grad`, and that its gradients equal the library's.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +15,7 @@
 #include "support/testing.hpp"
 #include "tightfit/io/safetensors.hpp"
 #include "tightfit/nn/hf_model.hpp"
+#include "tightfit/stream/forward.hpp"
 
 using namespace tightfit;
 namespace fs = std::filesystem;
@@ -51,7 +53,7 @@ TEST_CASE("usage errors exit 2, help exits 0") {
   CHECK(run("").code == 2);
   CHECK(run("frobnicate").code == 2);
   CHECK(run("--help").code == 0);
-  for (std::string cmd : {"grad", "plan", "bench", "measure", "train"}) {
+  for (std::string cmd : {"grad", "logprobs", "plan", "bench", "measure", "train"}) {
     CAPTURE(cmd);
     CHECK(run(cmd + " --help").code == 0);
   }
@@ -61,6 +63,35 @@ TEST_CASE("usage errors exit 2, help exits 0") {
   CHECK(run("grad --model x --batch y --bogus 1").code == 2);
   CHECK(run("plan --preset qwen3-bench --seq 100").code == 2);
   CHECK(run("plan --preset qwen3-bench --seq 100 --budget lots").code == 2);
+}
+
+TEST_CASE("grad: GRPO and DPO option values are argument errors naming them") {
+  const struct {
+    const char* args;
+    const char* named;
+  } cases[] = {
+      {"--objective grpo --loss-type ppo", "'ppo'"},
+      {"--objective grpo --importance-sampling-level group", "'group'"},
+      {"--objective grpo --delta 0.9", "--delta is 0.9"},
+      {"--objective grpo --delta inf", "--delta"},
+      {"--objective grpo --mask-truncated-completions", "--eos-token-id"},
+      {"--objective grpo --eos-token-id 2", "--mask-truncated-completions"},
+      {"--objective grpo --mask-truncated-completions --eos-token-id 2,x", "'x'"},
+      {"--objective grpo --mask-truncated-completions --eos-token-id -3", "--eos-token-id"},
+      {"--objective dpo --loss-type kto", "'kto'"},
+      {"--objective dpo --rpo-alpha -1", "--rpo-alpha"},
+      {"--objective dpo --simpo-gamma nan", "--simpo-gamma"},
+      {"--objective dpo --label-smoothing 0.7", "--label-smoothing"},
+      {"--objective dpo --delta 2", "--delta applies to --objective grpo"},
+      {"--objective grpo --simpo-gamma 1", "--simpo-gamma applies to --objective dpo"},
+      {"--loss-type dapo", "--loss-type applies"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.args);
+    const auto r = run(std::string("grad --model x --batch y ") + c.args);
+    CHECK(r.code == 2);
+    CHECK(r.err.find(c.named) != std::string::npos);
+  }
 }
 
 TEST_CASE("grad: JSON line and gradients equal to the library's") {
@@ -128,6 +159,97 @@ TEST_CASE("grad: bad input exits 1 with one line naming the problem") {
   r = run("grad --model '" + f.dir.string() + "' --batch '" + bad_labels.string() + "'");
   CHECK(r.code == 1);
   CHECK(r.err.find("is -7") != std::string::npos);
+}
+
+TEST_CASE("logprobs: forward-only log-probs that grad reads back without renaming") {
+  fixture f;
+  const index_t p = 2, t = 6;
+  std::vector<std::int64_t> cid, rid, clab, rlab;
+  for (index_t i = 0; i < p * t; ++i) {
+    cid.push_back((i * 5 + 1) % f.cfg.vocab_size);
+    rid.push_back((i * 3 + 2) % f.cfg.vocab_size);
+    clab.push_back(i % t < 2 ? -100 : cid.back());
+    rlab.push_back(i % t < 2 ? -100 : rid.back());
+  }
+  safetensors_writer w;
+  w.add("chosen_input_ids", {p, t}, std::span<const std::int64_t>(cid));
+  w.add("chosen_labels", {p, t}, std::span<const std::int64_t>(clab));
+  w.add("rejected_input_ids", {p, t}, std::span<const std::int64_t>(rid));
+  w.add("rejected_labels", {p, t}, std::span<const std::int64_t>(rlab));
+  const auto dpo = f.dir / "dpo.safetensors";
+  w.write(dpo);
+  const auto with_ref = f.dir / "dpo_ref.safetensors";
+  auto r = run("logprobs --model '" + f.dir.string() + "' --batch '" + dpo.string() + "' --out '" +
+               with_ref.string() + "' --dtype f64 --chunk 4");
+  REQUIRE(r.code == 0);
+  CHECK(lines(r.out) == 1);
+  auto j = nlohmann::json::parse(r.out);
+  CHECK(j["objective"] == "dpo");
+  CHECK(j["peak_activation_bytes"].get<double>() > 0);
+  // the sums equal the library's forward on the reference backend
+  reference_backend<double> be;
+  decoder_model<reference_backend<double>> model(be, f.cfg);
+  load_hf_weights(f.dir, model.parameters());
+  std::vector<std::int64_t> ids = cid, labels = clab;
+  ids.insert(ids.end(), rid.begin(), rid.end());
+  labels.insert(labels.end(), rlab.begin(), rlab.end());
+  const auto targets = shift_labels(labels, 2 * p, t);
+  const auto sums = sequence_logprob_sums(model, {2 * p, t, ids, targets, {}});
+  const auto file = safetensors_file::open(with_ref);
+  const auto got_w = file.read<double>("ref_chosen_logps"),
+             got_l = file.read<double>("ref_rejected_logps");
+  REQUIRE(got_w.size() == 2);
+  REQUIRE(got_l.size() == 2);
+  for (std::size_t i = 0; i < 2; ++i) {
+    CHECK(std::abs(got_w[i] - sums[i]) <= 1e-12 * std::abs(sums[i]));
+    CHECK(std::abs(got_l[i] - sums[2 + i]) <= 1e-12 * std::abs(sums[2 + i]));
+  }
+  CHECK(file.read_ints("chosen_input_ids") == cid);  // the batch travels with them
+  // round trip: the policy is the reference, so every margin is 0 and the sigmoid loss log 2
+  r = run("grad --model '" + f.dir.string() + "' --batch '" + with_ref.string() +
+          "' --objective dpo --dtype f64");
+  REQUIRE(r.code == 0);
+  const double via_logprobs = nlohmann::json::parse(r.out)["loss"].get<double>();
+  CHECK(std::abs(via_logprobs - std::log(2.0)) < 1e-12);
+  // the same reference sums given another way (the library's forward, written here)
+  const std::vector<double> lib_w(sums.begin(), sums.begin() + 2),
+      lib_l(sums.begin() + 2, sums.end());
+  w.add("ref_chosen_logps", {p}, std::span<const double>(lib_w));
+  w.add("ref_rejected_logps", {p}, std::span<const double>(lib_l));
+  const auto given = f.dir / "dpo_given.safetensors";
+  w.write(given);
+  r = run("grad --model '" + f.dir.string() + "' --batch '" + given.string() +
+          "' --objective dpo --dtype f64");
+  REQUIRE(r.code == 0);
+  CHECK(std::abs(nlohmann::json::parse(r.out)["loss"].get<double>() - via_logprobs) < 1e-12);
+
+  // GRPO: old_logprobs from the same model make every ratio 1, so the loss is -mean(A)
+  std::vector<std::int64_t> gid(cid), glab(clab);
+  const std::vector<double> adv{0.7, -0.2};
+  safetensors_writer g;
+  g.add("input_ids", {p, t}, std::span<const std::int64_t>(gid));
+  g.add("labels", {p, t}, std::span<const std::int64_t>(glab));
+  g.add("advantages", {p}, std::span<const double>(adv));
+  const auto grpo = f.dir / "grpo.safetensors", with_old = f.dir / "grpo_old.safetensors";
+  g.write(grpo);
+  r = run("logprobs --model '" + f.dir.string() + "' --batch '" + grpo.string() + "' --out '" +
+          with_old.string() + "' --dtype f64 --as old --temperature 0.8");
+  REQUIRE(r.code == 0);
+  j = nlohmann::json::parse(r.out);
+  CHECK(j["keys"][0] == "old_logprobs");
+  r = run("grad --model '" + f.dir.string() + "' --batch '" + with_old.string() +
+          "' --objective grpo --dtype f64 --temperature 0.8");
+  REQUIRE(r.code == 0);
+  CHECK(std::abs(nlohmann::json::parse(r.out)["loss"].get<double>() + 0.25) < 1e-12);
+
+  // arguments and inputs
+  const std::string base = "logprobs --model '" + f.dir.string() + "' --batch '" + grpo.string();
+  CHECK(run(base + "' --out x.safetensors --as new").code == 2);
+  CHECK(run(base + "' --out x.safetensors --objective sft").code == 2);
+  CHECK(run(base + "'").code == 2);
+  r = run(base + "' --out '" + grpo.string() + "'");
+  CHECK(r.code != 0);
+  CHECK(r.err.find("grpo.safetensors") != std::string::npos);
 }
 
 TEST_CASE("plan prints the chunk and the largest sequence per schedule") {

@@ -273,6 +273,67 @@ TEST_CASE("train: --grad-accum N equals one batch of the union (f64, 1e-12)") {
   }
 }
 
+TEST_CASE("train: packed rows (position_ids) == the same documents as rows of their own (1e-12)") {
+  // documents of 5, 4, 6 and 3 tokens: packed as 2 rows of 9 (5 + 4, 6 + 3), or as 4 rows of 9
+  // with the documents at the start and unsupervised filler after them (causal: the filler
+  // changes nothing before it). One step sees the same documents and the same counted tokens.
+  train_fixture f;
+  const std::vector<std::vector<std::int64_t>> docs{
+      {1, 2, 3, 4, 5}, {7, 6, 5, 4}, {2, 4, 6, 0, 2, 4}, {3, 1, 3}};
+  const index_t t = 9;
+  std::vector<std::int64_t> pid, plab, ppos, uid, ulab;
+  for (const auto& d : docs) {
+    for (std::size_t k = 0; k < d.size(); ++k) {
+      pid.push_back(d[k]);
+      plab.push_back(k == 0 ? ignore_index : d[k]);
+      ppos.push_back(static_cast<std::int64_t>(k));
+      uid.push_back(d[k]);
+      ulab.push_back(k == 0 ? ignore_index : d[k]);
+    }
+    for (auto k = static_cast<index_t>(d.size()); k < t; ++k) {
+      uid.push_back(7);
+      ulab.push_back(ignore_index);
+    }
+  }
+  auto write = [&](const std::string& name, const std::vector<std::int64_t>& ids,
+                   const std::vector<std::int64_t>& labels, const std::vector<std::int64_t>* pos) {
+    const auto n = static_cast<index_t>(ids.size()) / t;
+    safetensors_writer w;
+    w.add("input_ids", {n, t}, std::span<const std::int64_t>(ids));
+    w.add("labels", {n, t}, std::span<const std::int64_t>(labels));
+    if (pos != nullptr) w.add("position_ids", {n, t}, std::span<const std::int64_t>(*pos));
+    w.write(f.dir / name);
+    return f.dir / name;
+  };
+  const auto packed = write("packed.safetensors", pid, plab, &ppos);
+  const auto unpacked = write("unpacked.safetensors", uid, ulab, nullptr);
+  const auto leaky = write("leaky.safetensors", pid, plab, nullptr);  // packed, no position_ids
+  const std::string common = "train --model " + q(f.model) +
+                             " --optimizer adamw --dtype f64 --lr 0.02 --chunk 4 --steps 2"
+                             " --quiet";
+  auto train_on = [&](const fs::path& data, const std::string& batch, const std::string& name) {
+    const auto log = f.dir / (name + ".jsonl");
+    const auto r = run(common + " --data " + q(data) + " " + batch + " --log " + q(log));
+    REQUIRE(r.code == 0);
+    return logged_losses(log, 1);
+  };
+  const auto p = train_on(packed, "--batch 2", "packed");
+  const auto u = train_on(unpacked, "--batch 4", "unpacked");
+  const auto l = train_on(leaky, "--batch 2", "leaky");
+  REQUIRE(p.size() == 2);
+  REQUIRE(u.size() == 2);
+  for (std::size_t s = 0; s < 2; ++s) CHECK(std::abs(p[s] - u[s]) <= 1e-12 * std::abs(u[s]));
+  CHECK(std::abs(l[0] - u[0]) > 1e-6 * std::abs(u[0]));  // documents that attend to each other
+  // a data set key train does not read is an error naming it
+  safetensors_writer w;
+  w.add("input_ids", {2, t}, std::span<const std::int64_t>(pid));
+  w.add("attention_mask", {2, t}, std::span<const std::int64_t>(ppos));
+  w.write(f.dir / "masked.safetensors");
+  const auto r = run(common + " --data " + q(f.dir / "masked.safetensors") + " --batch 2");
+  CHECK(r.code == 1);
+  CHECK(r.err.find("'attention_mask'") != std::string::npos);
+}
+
 TEST_CASE("train: wrong arguments exit 2 with the usage, before any file is read") {
   const std::string base = "train --model /nonexistent/model --data /nonexistent/data ";
   for (const std::string& args :

@@ -465,7 +465,7 @@ TEST_CASE("degenerate objective input: documented zeros or clear errors, never N
   const std::vector<index_t> bad_row = {3};
   dpo_loss out_of_range(bad_row, rejected, rw, rl);
   CHECK_THROWS_WITH_AS(compute_gradients(model, b.view(), out_of_range, o),
-                       doctest::Contains("names batch row 3"), error);
+                       doctest::Contains("names sequence 3"), error);
   dpo_options bad;
   bad.label_smoothing = 0.7;
   CHECK_THROWS_AS(dpo_loss(chosen, rejected, rw, rl, bad), error);

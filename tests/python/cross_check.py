@@ -4,7 +4,9 @@
 Builds small random Llama-, Qwen2- (q/k/v biases), Qwen3-style models and a Llama with
 attention_bias (q/k/v/o biases) in plain PyTorch (own modules, float64),
 saves config.json + model.safetensors and batches, runs `tightfit grad --dtype f64` under
-every schedule for SFT, GRPO and DPO, and compares the loss and every gradient with torch
+every schedule for SFT, GRPO (TRL's loss types grpo / bnpo / dapo / dr_grpo, GSPO's
+sequence-level ratio, two-sided clipping delta, mask_truncated_completions) and the preference
+losses (DPO sigmoid with label smoothing, IPO, hinge, RPO's rpo_alpha, SimPO, ORPO), and compares the loss and every gradient with torch
 autograd: relative error (max |diff| / max |ref| per tensor) at most 1e-9.
 
 Then (SFT, every schedule, a chunk smaller than the window): a Llama 3.1-style model with llama3
@@ -217,37 +219,66 @@ def sft_loss(model, batch, opts):
 
 
 def grpo_loss(model, batch, opts):
-    lp, m = token_logprobs(model, batch["input_ids"], batch["labels"], batch["lengths"], opts["temperature"])
+    """TRL's GRPOTrainer loss: loss_type grpo|bnpo|dapo|dr_grpo, importance_sampling_level
+    token|sequence (GSPO), delta (upper clip of the unclipped ratio), mask_truncated_completions
+    (a completion whose last valid token is not EOS adds no loss)."""
+    ids, lengths = batch["input_ids"], batch["lengths"]
+    lp, m = token_logprobs(model, ids, batch["labels"], lengths, opts["temperature"])
+    if opts.get("mask_truncated_completions"):
+        last = ids.gather(1, (lengths - 1)[:, None])[:, 0]
+        m = m & (last == opts["eos_token_id"])[:, None]
+    m = m.to(torch.float64)
     old = batch["old_logprobs"][:, 1:]
     ref = batch["ref_logprobs"][:, 1:]
     adv = batch["advantages"][:, None]
-    r = torch.exp(lp - old)
-    s = torch.min(r * adv, torch.clamp(r, 1 - opts["epsilon_low"], 1 + opts["epsilon_high"]) * adv)
+    log_ratio = lp - old
+    if opts.get("importance_sampling_level", "token") == "sequence":
+        log_ratio = ((log_ratio * m).sum(-1) / m.sum(-1).clamp(min=1))[:, None]
+    r = torch.exp(log_ratio)
+    r1 = torch.clamp(r, max=opts["delta"]) if "delta" in opts else r
+    s = torch.min(r1 * adv, torch.clamp(r, 1 - opts["epsilon_low"], 1 + opts["epsilon_high"]) * adv)
     kl = torch.exp(ref - lp) - (ref - lp) - 1
     l = (-s + opts["beta"] * kl) * m
     kind = opts["loss_type"]
     if kind == "grpo":
         return (l.sum(-1) / m.sum(-1).clamp(min=1)).mean()
-    if kind == "bnpo":
+    if kind in ("bnpo", "dapo"):
         return l.sum() / m.sum()
     return l.sum() / (l.shape[0] * batch["input_ids"].shape[1])
 
 
 def dpo_loss(model, batch, opts):
-    def sums(prefix):
+    """TRL's DPO losses (sigmoid with label smoothing, ipo, hinge; rpo_alpha's NLL on chosen
+    tokens), CPOTrainer's SimPO and ORPOTrainer's ORPO (reference-free, length-normalised)."""
+    def stats(prefix):
         lp, m = token_logprobs(model, batch[prefix + "_input_ids"], batch[prefix + "_labels"],
                                batch[prefix + "_lengths"], 1.0)
-        return (lp * m).sum(-1)
-    h = (sums("chosen") - batch["ref_chosen_logps"]) - (sums("rejected") - batch["ref_rejected_logps"])
-    beta, eps = opts["beta"], opts["label_smoothing"]
-    u = beta * h
-    if opts["loss_type"] == "sigmoid":
-        l = -(1 - eps) * torch.nn.functional.logsigmoid(u) - eps * torch.nn.functional.logsigmoid(-u)
-    elif opts["loss_type"] == "ipo":
-        l = (h - 1 / (2 * beta)) ** 2
-    else:
-        l = torch.relu(1 - u)
-    return l.mean()
+        return (lp * m).sum(-1), m.sum(-1)
+    pi_w, n_w = stats("chosen")
+    pi_l, n_l = stats("rejected")
+    beta, eps, kind = opts["beta"], opts.get("label_smoothing", 0.0), opts["loss_type"]
+    logsig = torch.nn.functional.logsigmoid
+    if kind in ("sigmoid", "ipo", "hinge"):
+        h = (pi_w - batch["ref_chosen_logps"]) - (pi_l - batch["ref_rejected_logps"])
+        u = beta * h
+        if kind == "sigmoid":
+            l = -(1 - eps) * logsig(u) - eps * logsig(-u)
+        elif kind == "ipo":
+            l = (h - 1 / (2 * beta)) ** 2
+        else:
+            l = torch.relu(1 - u)
+    elif kind == "simpo":
+        u = beta * (pi_w / n_w - pi_l / n_l) - opts.get("simpo_gamma", 0.5)  # TRL default
+        l = -(1 - eps) * logsig(u) - eps * logsig(-u)
+    else:  # orpo
+        a_w, a_l = pi_w / n_w, pi_l / n_l
+        log_odds = (a_w - a_l) - (torch.log1p(-torch.exp(a_w)) - torch.log1p(-torch.exp(a_l)))
+        l = -beta * logsig(log_odds)
+    loss = l.mean()
+    alpha = 1.0 if kind == "orpo" else opts.get("rpo_alpha", 0.0)
+    if alpha > 0:
+        loss = loss + alpha * (-pi_w.sum() / n_w.sum())
+    return loss
 
 
 def make_batch(g, B, T, vocab, lengths):
@@ -325,23 +356,51 @@ def main():
         P = 2
         cids, clab, cmask = make_batch(g, P, T, V, [11, 8])
         rids, rlab, rmask = make_batch(g, P, T, V, [9, 11])
-        batches = {
-            "sft": ({"input_ids": ids, "labels": labels, "attention_mask": mask}, {}),
-            "grpo": ({"input_ids": ids, "labels": labels, "attention_mask": mask,
-                      "advantages": torch.tensor([1.2, -0.6, 0.3]), "old_logprobs": old,
-                      "ref_logprobs": ref},
-                     {"beta": 0.05, "epsilon_low": 0.2, "epsilon_high": 0.28, "loss_type": "bnpo",
-                      "temperature": 0.9}),
-            "dpo": ({"chosen_input_ids": cids, "chosen_labels": clab, "chosen_attention_mask": cmask,
-                     "rejected_input_ids": rids, "rejected_labels": rlab,
-                     "rejected_attention_mask": rmask,
-                     "ref_chosen_logps": torch.tensor([-30.0, -25.0]),
-                     "ref_rejected_logps": torch.tensor([-28.0, -31.0])},
-                    {"beta": 0.1, "label_smoothing": 0.1, "loss_type": "sigmoid"}),
-        }
+        # GRPO with mask_truncated_completions: rows 0 and 2 end with EOS (complete), row 1
+        # (length 7) does not (truncated: it adds no loss but still counts in grpo's mean)
+        eos = 5
+        ids_eos, labels_eos = ids.clone(), labels.clone()
+        for row, n in ((0, 11), (2, 9)):
+            ids_eos[row, n - 1] = labels_eos[row, n - 1] = eos
+        if ids_eos[1, 6] == eos:
+            ids_eos[1, 6] = labels_eos[1, 6] = eos + 1
+        grpo_tensors = {"input_ids": ids, "labels": labels, "attention_mask": mask,
+                        "advantages": torch.tensor([1.2, -0.6, 0.3]), "old_logprobs": old,
+                        "ref_logprobs": ref}
+        grpo_opts = {"beta": 0.05, "epsilon_low": 0.2, "epsilon_high": 0.28, "loss_type": "bnpo",
+                     "temperature": 0.9}
+        dpo_tensors = {"chosen_input_ids": cids, "chosen_labels": clab,
+                       "chosen_attention_mask": cmask, "rejected_input_ids": rids,
+                       "rejected_labels": rlab, "rejected_attention_mask": rmask,
+                       "ref_chosen_logps": torch.tensor([-30.0, -25.0]),
+                       "ref_rejected_logps": torch.tensor([-28.0, -31.0])}
+        reference_free = {k: v for k, v in dpo_tensors.items() if not k.startswith("ref_")}
+        # (objective, case name, batch tensors, options: TRL's names, passed as --name-with-dashes)
+        cases = [
+            ("sft", "sft", {"input_ids": ids, "labels": labels, "attention_mask": mask}, {}),
+            ("grpo", "bnpo", grpo_tensors, grpo_opts),
+            ("grpo", "dapo", grpo_tensors, dict(grpo_opts, loss_type="dapo")),
+            ("grpo", "gspo", grpo_tensors,
+             dict(grpo_opts, loss_type="grpo", importance_sampling_level="sequence")),
+            ("grpo", "gspo-dr", grpo_tensors,
+             dict(grpo_opts, loss_type="dr_grpo", importance_sampling_level="sequence",
+                  epsilon_low=0.02, epsilon_high=0.03)),
+            ("grpo", "delta", grpo_tensors, dict(grpo_opts, loss_type="grpo", delta=1.1)),
+            ("grpo", "truncated", dict(grpo_tensors, input_ids=ids_eos, labels=labels_eos),
+             dict(grpo_opts, loss_type="dapo", mask_truncated_completions=True,
+                  eos_token_id=eos)),
+            ("dpo", "sigmoid", dpo_tensors,
+             {"beta": 0.1, "label_smoothing": 0.1, "loss_type": "sigmoid"}),
+            ("dpo", "ipo", dpo_tensors, {"beta": 0.1, "loss_type": "ipo"}),
+            ("dpo", "hinge", dpo_tensors, {"beta": 0.1, "loss_type": "hinge"}),
+            ("dpo", "rpo", dpo_tensors, {"beta": 0.1, "loss_type": "sigmoid", "rpo_alpha": 0.7}),
+            ("dpo", "simpo", reference_free,
+             {"beta": 2.0, "label_smoothing": 0.05, "loss_type": "simpo", "simpo_gamma": 0.3}),
+            ("dpo", "orpo", reference_free, {"beta": 0.25, "loss_type": "orpo"}),
+        ]
         losses = {"sft": sft_loss, "grpo": grpo_loss, "dpo": dpo_loss}
-        for objective, (tensors, opts) in batches.items():
-            batch_path = os.path.join(work, f"{arch}-{objective}.safetensors")
+        for objective, case, tensors, opts in cases:
+            batch_path = os.path.join(work, f"{arch}-{objective}-{case}.safetensors")
             st.save(batch_path, tensors)
             tb = {k: v for k, v in tensors.items()}
             tb["lengths"] = lengths
@@ -353,25 +412,40 @@ def main():
             loss = losses[objective](model, tb, opts)
             loss.backward()
             expected = {k: p.grad for k, p in model.params.items()}
+            # each option must change the loss of this batch (else its case tests nothing)
+            for key in ("delta", "mask_truncated_completions", "rpo_alpha", "simpo_gamma"):
+                if key in opts:
+                    with torch.no_grad():
+                        without = losses[objective](model, tb, {k: v for k, v in opts.items()
+                                                                if k != key})
+                    if not abs(without.item() - loss.item()) > 1e-6 * abs(loss.item()):
+                        raise SystemExit(f"{arch} {case}: {key} does not change the loss")
             for schedule in ("full", "checkpoint", "stream"):
-                out = os.path.join(work, f"{arch}-{objective}-{schedule}-grads.safetensors")
+                out = os.path.join(work, f"{arch}-{objective}-{case}-{schedule}-grads.safetensors")
                 cmd = [tool, "grad", "--model", model_dir, "--batch", batch_path, "--objective",
                        objective, "--schedule", schedule, "--chunk", "4", "--dtype", "f64",
                        "--out", out]
                 for key, value in opts.items():
-                    cmd += ["--" + key.replace("_", "-"), str(value)]
+                    cmd += ["--" + key.replace("_", "-")] + ([] if value is True else [str(value)])
                 run = subprocess.run(cmd, capture_output=True, text=True)
                 if run.returncode != 0:
                     raise SystemExit(f"{' '.join(cmd)} failed ({run.returncode}): {run.stderr}")
                 report = json.loads(run.stdout.strip().splitlines()[-1])
+                if opts.get("mask_truncated_completions") and report["truncated_completions"] != 1:
+                    raise SystemExit(f"{arch} {case}: {report['truncated_completions']} rows "
+                                     "masked as truncated, expected 1")
                 rel = abs(report["loss"] - loss.item()) / abs(loss.item())
                 if not rel <= TOL:
-                    raise SystemExit(f"{arch} {objective} {schedule}: loss {report['loss']} vs torch {loss.item()}")
-                worst = max(worst, compare(f"{arch} {objective} {schedule}", st.load(out), expected))
+                    raise SystemExit(f"{arch} {objective} {case} {schedule}: loss {report['loss']} "
+                                     f"vs torch {loss.item()}")
+                worst = max(worst, compare(f"{arch} {objective} {case} {schedule}", st.load(out),
+                                           expected))
                 checks += 1
-                print(f"{arch:6s} {objective:5s} {schedule:10s} loss {report['loss']:.12f} "
+                print(f"{arch:6s} {objective:5s} {case:9s} {schedule:10s} loss {report['loss']:.12f} "
                       f"(torch {loss.item():.12f}) worst gradient rel. error so far {worst:.2e}")
     more, worst = scaled_and_packed(tool, work, worst)
+    checks += more
+    more, worst = packed_objectives_and_logprobs(tool, work, configs["llama"], worst)
     checks += more
     print(f"cross-check: {checks} passed, 0 failed (every gradient within {TOL:g} of torch autograd)")
 
@@ -490,6 +564,200 @@ def scaled_and_packed(tool, work, worst):
                          capture_output=True, text=True)
     if run.returncode != 1 or "'cu_seqlens'" not in run.stderr:
         raise SystemExit(f"an unknown batch key was not refused by name: {run.returncode} {run.stderr}")
+    return checks, worst
+
+
+def pack(docs, rows, T, keys):
+    """Packs documents (dicts of 1-D tensors of one length each, keys `keys`) into rows of T:
+    rows[b] lists the documents of row b in order; a row shorter than T is right-padded
+    (attention_mask 0, positions continuing, padding ids 0, labels -100, values 0)."""
+    out = {k: torch.zeros(len(rows), T, dtype=docs[0][k].dtype) for k in keys}
+    out["position_ids"] = torch.zeros(len(rows), T, dtype=torch.int64)
+    out["attention_mask"] = torch.zeros(len(rows), T, dtype=torch.int64)
+    if "labels" in out:
+        out["labels"][:] = -100
+    for b, row in enumerate(rows):
+        t = 0
+        for d in row:
+            n = len(docs[d]["input_ids"])
+            for k in keys:
+                out[k][b, t:t + n] = docs[d][k]
+            out["position_ids"][b, t:t + n] = torch.arange(n)
+            t += n
+        out["attention_mask"][b, :t] = 1
+        out["position_ids"][b, t:] = out["position_ids"][b, t - 1] + 1 + torch.arange(T - t)
+    return out
+
+
+def unpack(docs, keys):
+    """The documents as rows of their own, right-padded to the longest ("lengths" (D))."""
+    T = max(len(d["input_ids"]) for d in docs)
+    out = {k: torch.zeros(len(docs), T, dtype=docs[0][k].dtype) for k in keys}
+    for i, d in enumerate(docs):
+        n = len(d["input_ids"])
+        for k in keys:
+            out[k][i, :n] = d[k]
+        if "labels" in out:
+            out["labels"][i, n:] = -100
+    out["lengths"] = torch.tensor([len(d["input_ids"]) for d in docs])
+    return out
+
+
+def random_docs(g, lengths, vocab, eos=None):
+    docs = []
+    for i, n in enumerate(lengths):
+        ids = torch.randint(0, vocab, (n,), generator=g)
+        if eos is not None:  # even documents end with EOS (complete), odd ones do not
+            ids[-1] = eos if i % 2 == 0 else (eos + 1) % vocab
+        labels = ids.clone()
+        labels[:2] = -100  # the prompt
+        docs.append({"input_ids": ids, "labels": labels})
+    return docs
+
+
+def run_grad(tool, model_dir, batch_path, objective, schedule, chunk, opts, out):
+    cmd = [tool, "grad", "--model", model_dir, "--batch", batch_path, "--objective", objective,
+           "--schedule", schedule, "--chunk", str(chunk), "--dtype", "f64", "--out", out]
+    for key, value in opts.items():
+        cmd += ["--" + key.replace("_", "-")] + ([] if value is True else [str(value)])
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({run.returncode}): {run.stderr}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def check_case(tool, model, model_dir, name, batch_path, objective, opts, loss, worst,
+               chunks=(4, 7)):
+    """Runs `tightfit grad` under every schedule and `chunks`, against torch's `loss`."""
+    for p in model.params.values():
+        p.grad = None
+    loss.backward()
+    expected = {k: p.grad for k, p in model.params.items()}
+    checks = 0
+    for schedule in ("full", "checkpoint", "stream"):
+        for chunk in chunks:
+            out = os.path.join(os.path.dirname(batch_path), f"{name}-{schedule}-{chunk}.safetensors")
+            report = run_grad(tool, model_dir, batch_path, objective, schedule, chunk, opts, out)
+            rel = abs(report["loss"] - loss.item()) / abs(loss.item())
+            if not rel <= TOL:
+                raise SystemExit(f"{name} {schedule}: loss {report['loss']} vs torch {loss.item()}")
+            worst = max(worst, compare(f"{name} {schedule} chunk {chunk}", st.load(out), expected))
+            checks += 1
+            print(f"{name:22s} {schedule:10s} chunk {chunk} loss {report['loss']:.12f} "
+                  f"(torch {loss.item():.12f}) worst gradient rel. error so far {worst:.2e}")
+    return checks, worst
+
+
+def run_logprobs(tool, model_dir, batch_path, out, extra=()):
+    cmd = [tool, "logprobs", "--model", model_dir, "--batch", batch_path, "--out", out,
+           "--dtype", "f64", "--chunk", "4", *extra]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({run.returncode}): {run.stderr}")
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    if not report["peak_activation_bytes"] > 0:
+        raise SystemExit(f"logprobs reported no peak: {report}")
+    return st.load(out)
+
+
+def packed_objectives_and_logprobs(tool, work, cfg, worst):
+    """Packed GRPO and DPO (every document one completion / one chosen or rejected sequence;
+    the torch reference runs every document as a row of its own), and `tightfit logprobs`:
+    its log-probs against torch's, and the round trip into `tightfit grad`."""
+    model_dir = os.path.join(work, "llama")
+    model = Model(cfg, seed=len("llama"))
+    ref_model = Model(cfg, seed=99)  # the reference policy of the logprobs round trip
+    ref_dir = os.path.join(work, "llama-ref")
+    os.makedirs(ref_dir, exist_ok=True)
+    with open(os.path.join(ref_dir, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    st.save(os.path.join(ref_dir, "model.safetensors"),
+            {k: v.detach() for k, v in ref_model.params.items()})
+    g = torch.Generator().manual_seed(23)
+    V, eos, checks = cfg["vocab_size"], 3, 0
+
+    # GRPO: 5 completions in 2 rows of 20 (the second padded), chunks 4 and 7 cross documents
+    docs = random_docs(g, [4, 7, 9, 6, 5], V, eos=eos)
+    rows = [[0, 1, 2], [3, 4]]
+    flat = unpack(docs, ["input_ids", "labels"])
+    with torch.no_grad():
+        lp0, valid = token_logprobs(model, flat["input_ids"], flat["labels"], flat["lengths"], 0.9)
+    for i, d in enumerate(docs):
+        n = len(d["input_ids"])
+        d["old_logprobs"] = torch.zeros(n)
+        d["old_logprobs"][1:] = lp0[i, :n - 1] + 0.3 * torch.randn(n - 1, generator=g)
+        d["ref_logprobs"] = torch.zeros(n)
+        d["ref_logprobs"][1:] = lp0[i, :n - 1] + 0.2 * torch.randn(n - 1, generator=g)
+    keys = ["input_ids", "labels", "old_logprobs", "ref_logprobs"]
+    packed = pack(docs, rows, 20, keys)
+    packed["advantages"] = torch.tensor([0.9, -1.1, 0.4, -0.3, 1.5])  # per document
+    flat = unpack(docs, keys)
+    flat["advantages"] = packed["advantages"]
+    batch_path = os.path.join(work, "packed-grpo.safetensors")
+    st.save(batch_path, packed)
+    base = {"beta": 0.04, "epsilon_low": 0.2, "epsilon_high": 0.28, "temperature": 0.9}
+    for name, opts in (
+            ("packed grpo gspo", dict(base, loss_type="grpo", importance_sampling_level="sequence")),
+            ("packed grpo dapo trunc", dict(base, loss_type="dapo", delta=1.2,
+                                            mask_truncated_completions=True, eos_token_id=eos)),
+            ("packed grpo dr_grpo", dict(base, loss_type="dr_grpo"))):
+        tool_opts = dict(opts)
+        if opts["loss_type"] == "dr_grpo":  # L_max: the unpacked reference's T
+            tool_opts["max_completion_length"] = flat["input_ids"].shape[1]
+        loss = grpo_loss(model, flat, opts)
+        more, worst = check_case(tool, model, model_dir, name.replace(" ", "-"), batch_path,
+                                 "grpo", tool_opts, loss, worst)
+        checks += more
+
+    # DPO: 3 pairs; chosen documents in 2 rows of 14 (the second padded), rejected in 1 row
+    chosen = random_docs(g, [5, 9, 8], V)
+    rejected = random_docs(g, [6, 4, 4], V)
+    pc = pack(chosen, [[0, 1], [2]], 14, ["input_ids", "labels"])
+    pr = pack(rejected, [[0, 1, 2]], 14, ["input_ids", "labels"])
+    packed = {"chosen_" + k: v for k, v in pc.items()}
+    packed.update({"rejected_" + k: v for k, v in pr.items()})
+    fc, fr = unpack(chosen, ["input_ids", "labels"]), unpack(rejected, ["input_ids", "labels"])
+    flat = {"chosen_" + k: v for k, v in fc.items()}
+    flat.update({"rejected_" + k: v for k, v in fr.items()})
+    with torch.no_grad():  # the reference model's sums, computed here by torch
+        for side, f in (("chosen", fc), ("rejected", fr)):
+            lp, m = token_logprobs(ref_model, f["input_ids"], f["labels"], f["lengths"], 1.0)
+            flat[f"ref_{side}_logps"] = (lp * m).sum(-1)
+    free = os.path.join(work, "packed-dpo-free.safetensors")
+    st.save(free, packed)
+    opts = {"beta": 0.1, "loss_type": "sigmoid", "label_smoothing": 0.1, "rpo_alpha": 0.5}
+    # the round trip: tightfit logprobs writes the reference sums into the batch
+    with_ref = os.path.join(work, "packed-dpo-ref.safetensors")
+    written = run_logprobs(tool, ref_dir, free, with_ref)
+    for side in ("chosen", "rejected"):
+        got, want = written[f"ref_{side}_logps"], flat[f"ref_{side}_logps"]
+        diff = (got - want).abs().max().item() / want.abs().max().item()
+        if not diff <= TOL:
+            raise SystemExit(f"logprobs ref_{side}_logps {got} vs torch {want}")
+    more, worst = check_case(tool, model, model_dir, "packed-dpo-logprobs", with_ref, "dpo", opts,
+                             dpo_loss(model, flat, opts), worst)
+    checks += more
+    opts = {"beta": 0.3, "loss_type": "orpo"}
+    more, worst = check_case(tool, model, model_dir, "packed-dpo-orpo", free, "dpo", opts,
+                             dpo_loss(model, flat, opts), worst)
+    checks += more
+
+    # logprobs of an unpacked GRPO batch (ref and --as old) against torch, to 1e-9
+    ids, labels, mask = make_batch(g, 3, 11, V, [11, 7, 9])
+    plain = os.path.join(work, "logprobs-grpo.safetensors")
+    st.save(plain, {"input_ids": ids, "labels": labels, "attention_mask": mask,
+                    "advantages": torch.tensor([1.0, -1.0, 0.5])})
+    with torch.no_grad():
+        lp, m = token_logprobs(ref_model, ids, labels, mask.sum(-1), 0.7)
+    for as_key in ("ref", "old"):
+        out = run_logprobs(tool, ref_dir, plain, os.path.join(work, f"lp-{as_key}.safetensors"),
+                           ["--as", as_key, "--temperature", "0.7"])
+        got = out[f"{as_key}_logprobs"][:, 1:] * m
+        diff = (got - lp * m).abs().max().item() / (lp * m).abs().max().item()
+        if not diff <= TOL or not torch.equal(out["input_ids"], ids):
+            raise SystemExit(f"logprobs {as_key}_logprobs differ from torch by {diff:.3e}")
+        checks += 1
+        print(f"logprobs grpo --as {as_key:3s}    log-probs rel. error {diff:.2e}")
     return checks, worst
 
 

@@ -104,7 +104,9 @@ backward_result step_gradients(M& model, std::span<const token_batch> micro_batc
     const token_batch& mb = micro_batches[i];
     detail::validate_batch(model, mb);
     targets[i] = detail::masked_targets(mb);
-    const token_layout layout{mb.batch, mb.seq_len, targets[i], mb.lengths};
+    const std::vector<index_t> documents = document_ids(mb.position_ids);  // packed rows
+    const token_layout layout{mb.batch,   mb.seq_len, targets[i],
+                              mb.lengths, documents,  documents.empty() ? 0 : documents.back() + 1};
     counts += objective_of(i).local_counts(layout);
   }
   double sums[3] = {counts.sequences, counts.tokens, counts.pairs};

@@ -4,10 +4,11 @@
 // reference-free SimPO (Meng et al. 2024; TRL's CPOTrainer loss_type="simpo") and ORPO (Hong et
 // al. 2024; TRL's ORPOTrainer).
 //
-// Pairs p of a chosen sequence w and a rejected sequence l (rows of the batch, paired by
-// index). With reference sums ref_w, ref_l given as constants (or computed beforehand from a
-// reference model's own forward: sequence_logprob_sums in stream/forward.hpp, never from the
-// policy's hidden states; `tightfit logprobs` writes them):
+// Pairs p of a chosen sequence w and a rejected sequence l (rows of the batch, or documents of a
+// packed batch in row-major order: token_layout::sequences; paired by index). With reference sums
+// ref_w, ref_l given as constants (or computed beforehand from a reference model's own forward:
+// sequence_logprob_sums in stream/forward.hpp, never from the policy's hidden states; `tightfit
+// logprobs` writes them):
 //   pi = sum over the completion's counted targets of lp   (no completion token is dropped)
 //   a  = pi / n, n = the completion's counted targets      (average log-prob: SimPO, ORPO)
 //   h  = (pi_w - ref_w) - (pi_l - ref_l),   u = beta h
@@ -63,7 +64,8 @@ struct dpo_options {
 /// Preference loss over pairs of batch rows. Spans are borrowed: they must outlive the objective.
 class dpo_loss {
  public:
-  /// chosen, rejected (P): batch rows of each pair; ref_chosen, ref_rejected (P): reference sums
+  /// chosen, rejected (P): the sequences of each pair (batch rows, or documents of a packed
+  /// batch, token_layout::sequence); ref_chosen, ref_rejected (P): reference sums
   /// (may be empty for simpo and orpo).
   dpo_loss(std::span<const index_t> chosen, std::span<const index_t> rejected,
            std::span<const double> ref_chosen, std::span<const double> ref_rejected,
@@ -101,10 +103,11 @@ class dpo_loss {
   objective_counts local_counts(const token_layout& layout) const {
     objective_counts c;
     c.pairs = static_cast<double>(pairs());
-    for (index_t row : chosen_)
-      for (index_t t = 0; t < layout.seq_len; ++t)
-        if (row >= 0 && row < layout.batch && layout.counts(row * layout.seq_len + t))
-          c.tokens += 1;
+    std::vector<bool> chosen(static_cast<std::size_t>(layout.sequences()), false);
+    for (index_t s : chosen_)
+      if (s >= 0 && s < layout.sequences()) chosen[static_cast<std::size_t>(s)] = true;
+    for (index_t r = 0; r < layout.rows(); ++r)
+      if (layout.counts(r) && chosen[static_cast<std::size_t>(layout.sequence(r))]) c.tokens += 1;
     return c;
   }
   /// Means over the pairs and chosen tokens of the whole step (micro-batches, ranks).
@@ -117,20 +120,21 @@ class dpo_loss {
 
   void begin(const token_layout& layout) {
     const index_t p = pairs();
-    std::vector<int> used(static_cast<std::size_t>(layout.batch), 0);
+    const index_t nseq = layout.sequences();  // rows, or documents of a packed batch
+    std::vector<int> used(static_cast<std::size_t>(nseq), 0);
     for (index_t i = 0; i < p; ++i)
       for (index_t row :
            {chosen_[static_cast<std::size_t>(i)], rejected_[static_cast<std::size_t>(i)]}) {
-        check(row >= 0 && row < layout.batch, "dpo_loss: pair ", i, " names batch row ", row,
-              ", expected in [0, ", layout.batch, ")");
-        check(used[static_cast<std::size_t>(row)]++ == 0, "dpo_loss: batch row ", row,
+        check(row >= 0 && row < nseq, "dpo_loss: pair ", i, " names sequence ", row,
+              ", expected in [0, ", nseq, ")");
+        check(used[static_cast<std::size_t>(row)]++ == 0, "dpo_loss: sequence ", row,
               " is used by more than one pair");
       }
-    counted_.assign(static_cast<std::size_t>(layout.batch), 0.0);
+    counted_.assign(static_cast<std::size_t>(nseq), 0.0);
     for (index_t r = 0; r < layout.rows(); ++r)
-      if (layout.counts(r)) counted_[static_cast<std::size_t>(r / layout.seq_len)] += 1;
+      if (layout.counts(r)) counted_[static_cast<std::size_t>(layout.sequence(r))] += 1;
     double chosen_tokens = 0;
-    is_chosen_.assign(static_cast<std::size_t>(layout.batch), false);
+    is_chosen_.assign(static_cast<std::size_t>(nseq), false);
     for (index_t i = 0; i < p; ++i) {
       const auto w = static_cast<std::size_t>(chosen_[static_cast<std::size_t>(i)]),
                  l = static_cast<std::size_t>(rejected_[static_cast<std::size_t>(i)]);
@@ -143,15 +147,15 @@ class dpo_loss {
     const double alpha = nll_weight();
     const double n_chosen = step_chosen_tokens_ > 0 ? step_chosen_tokens_ : chosen_tokens;
     nll_coeff_ = alpha > 0 ? -alpha / n_chosen : 0.0;
-    sums_.assign(static_cast<std::size_t>(layout.batch), 0.0);
-    seq_coeff_.assign(static_cast<std::size_t>(layout.batch), 0.0);
+    sums_.assign(static_cast<std::size_t>(nseq), 0.0);
+    seq_coeff_.assign(static_cast<std::size_t>(nseq), 0.0);
     loss_ = 0;
   }
 
   void statistics(const token_layout& layout, index_t r0, std::span<const double> lp) {
     for (std::size_t i = 0; i < lp.size(); ++i) {
       const index_t r = r0 + static_cast<index_t>(i);
-      if (layout.counts(r)) sums_[static_cast<std::size_t>(r / layout.seq_len)] += lp[i];
+      if (layout.counts(r)) sums_[static_cast<std::size_t>(layout.sequence(r))] += lp[i];
     }
   }
 
@@ -229,7 +233,7 @@ class dpo_loss {
     double nll = 0;
     for (std::size_t i = 0; i < lp.size(); ++i) {
       const index_t r = r0 + static_cast<index_t>(i);
-      const auto b = static_cast<std::size_t>(r / layout.seq_len);
+      const auto b = static_cast<std::size_t>(layout.sequence(r));
       coeff[i] = 0;
       if (!layout.counts(r)) continue;
       coeff[i] = seq_coeff_[b];
@@ -262,8 +266,8 @@ class dpo_loss {
   std::span<const index_t> chosen_, rejected_;
   std::span<const double> ref_w_, ref_l_;
   dpo_options opt_;
-  std::vector<double> sums_, seq_coeff_, margins_, counted_;  // (B), (B), (P), (B)
-  std::vector<bool> is_chosen_;                               // (B)
+  std::vector<double> sums_, seq_coeff_, margins_, counted_;  // (S), (S), (P), (S)
+  std::vector<bool> is_chosen_;                               // (S)
   double nll_coeff_ = 0;  // -alpha / chosen tokens: every chosen token's NLL coefficient
   double loss_ = 0;
   double step_pairs_ = 0;          // 0: this batch is the whole step

@@ -24,8 +24,10 @@
 //                                                     tightfit always normalises by the step)
 //   dr_grpo  (sum m l) / (B * L_max)                  L_max: max_completion_length, default T
 // mask_truncated_completions (DAPO's overlong filtering) is a batch transformation:
-// mask_truncated_completions() below drops the targets of rows that did not end with a stop
-// token, before the objective sees them.
+// mask_truncated_completions() below drops the targets of completions that did not end with a
+// stop token, before the objective sees them.
+// Packed batches (token_layout::documents): every document is one completion b (its advantage,
+// its counted tokens, its sequence-level ratio); B above is then the number of documents.
 // Bad input (sizes, NaN/inf advantages or log-probs of counted tokens, eps < 0, delta <= 1,
 // beta != 0 without lp_ref) throws tightfit::error naming the value.
 #pragma once
@@ -72,26 +74,45 @@ struct grpo_options {
   index_t max_completion_length = 0;  ///< L_max of dr_grpo; 0: the batch's T
 };
 
-/// DAPO's overlong filtering (TRL's mask_truncated_completions): a row whose last valid input
-/// token is not one of `stop_ids` (EOS, padding) was truncated, and none of its targets count.
-/// targets, input_ids (B*T); lengths (B) or empty for all T. Returns the rows masked.
+/// DAPO's overlong filtering (TRL's mask_truncated_completions): a completion whose last valid
+/// input token is not one of `stop_ids` (EOS) was truncated, and none of its targets count.
+/// targets, input_ids (B*T); lengths (B) or empty for all T; position_ids (B*T) or empty: with
+/// them, every document of a packed row is a completion (its last token: the one before the
+/// next document, or the row's last valid one). Returns the completions masked.
 inline index_t mask_truncated_completions(std::span<token_id> targets,
                                           std::span<const token_id> input_ids, index_t batch,
                                           index_t seq_len, std::span<const index_t> lengths,
-                                          std::span<const token_id> stop_ids) {
+                                          std::span<const token_id> stop_ids,
+                                          std::span<const index_t> position_ids = {}) {
   check(!stop_ids.empty(), "mask_truncated_completions: no stop token id given");
   check_extent("mask_truncated_completions", "targets.size", static_cast<index_t>(targets.size()),
                batch * seq_len);
   check_extent("mask_truncated_completions", "input_ids.size",
                static_cast<index_t>(input_ids.size()), batch * seq_len);
+  if (!position_ids.empty())
+    check_extent("mask_truncated_completions", "position_ids.size",
+                 static_cast<index_t>(position_ids.size()), batch * seq_len);
   index_t masked = 0;
   for (index_t b = 0; b < batch; ++b) {
     const index_t len = lengths.empty() ? seq_len : lengths[static_cast<std::size_t>(b)];
     check(len >= 1 && len <= seq_len, "mask_truncated_completions: lengths[", b, "] is ", len);
-    const token_id last = input_ids[static_cast<std::size_t>(b * seq_len + len - 1)];
-    if (std::find(stop_ids.begin(), stop_ids.end(), last) != stop_ids.end()) continue;
-    std::fill_n(targets.begin() + b * seq_len, seq_len, ignore_index);
-    ++masked;
+    // documents [start, end) of the row's valid positions
+    for (index_t start = 0; start < len;) {
+      index_t end = start + 1;
+      while (end < len && !position_ids.empty() &&
+             position_ids[static_cast<std::size_t>(b * seq_len + end)] != 0)
+        ++end;
+      if (position_ids.empty()) end = len;
+      const token_id last = input_ids[static_cast<std::size_t>(b * seq_len + end - 1)];
+      if (std::find(stop_ids.begin(), stop_ids.end(), last) == stop_ids.end()) {
+        // the document's targets, and the padding's after the row's last document
+        const index_t stop = end == len ? seq_len : end;
+        std::fill(targets.begin() + b * seq_len + start, targets.begin() + b * seq_len + stop,
+                  ignore_index);
+        ++masked;
+      }
+      start = end;
+    }
   }
   return masked;
 }
@@ -99,7 +120,8 @@ inline index_t mask_truncated_completions(std::span<token_id> targets,
 /// GRPO over B sequences. Spans are borrowed: they must outlive the objective.
 class grpo_loss {
  public:
-  /// advantages (B); old_logprobs, ref_logprobs (B*T) aligned with the targets (may be empty).
+  /// advantages (one per sequence: B, or D documents of a packed batch in row-major order);
+  /// old_logprobs, ref_logprobs (B*T) aligned with the targets (may be empty).
   grpo_loss(std::span<const double> advantages, std::span<const double> old_logprobs,
             std::span<const double> ref_logprobs, grpo_options options = {})
       : adv_(advantages), old_(old_logprobs), ref_(ref_logprobs), opt_(options) {
@@ -131,21 +153,22 @@ class grpo_loss {
 
   void begin(const token_layout& layout) {
     const index_t rows = layout.rows();
-    check_extent("grpo_loss", "advantages.size", static_cast<index_t>(adv_.size()), layout.batch);
+    const index_t nseq = layout.sequences();  // rows, or documents of a packed batch
+    check_extent("grpo_loss", "advantages.size", static_cast<index_t>(adv_.size()), nseq);
     if (!old_.empty())
       check_extent("grpo_loss", "old_logprobs.size", static_cast<index_t>(old_.size()), rows);
     if (!ref_.empty())
       check_extent("grpo_loss", "ref_logprobs.size", static_cast<index_t>(ref_.size()), rows);
-    for (index_t b = 0; b < layout.batch; ++b)
+    for (index_t b = 0; b < nseq; ++b)
       check(std::isfinite(adv_[static_cast<std::size_t>(b)]), "grpo_loss: advantages[", b, "] is ",
             adv_[static_cast<std::size_t>(b)], ", expected a finite number");
-    const auto nb = static_cast<std::size_t>(layout.batch);
+    const auto nb = static_cast<std::size_t>(nseq);
     weight_.assign(nb, 0.0);
     count_.assign(nb, 0.0);
     double total = 0;
     for (index_t r = 0; r < rows; ++r) {
       if (!layout.counts(r)) continue;
-      count_[static_cast<std::size_t>(r / layout.seq_len)] += 1;
+      count_[static_cast<std::size_t>(layout.sequence(r))] += 1;
       total += 1;
       auto finite = [&](std::span<const double> v, const char* name) {
         if (v.empty()) return;
@@ -156,7 +179,7 @@ class grpo_loss {
       finite(old_, "old_logprobs");
       finite(ref_, "ref_logprobs");
     }
-    const double bsz = has_step_ ? step_.sequences : static_cast<double>(layout.batch);
+    const double bsz = has_step_ ? step_.sequences : static_cast<double>(nseq);
     if (has_step_) total = step_.tokens;
     const double lmax = static_cast<double>(
         opt_.max_completion_length > 0 ? opt_.max_completion_length : layout.seq_len);
@@ -187,12 +210,12 @@ class grpo_loss {
       if (!layout.counts(r)) continue;
       check(std::isfinite(lp[i]), "grpo_loss: log-prob of row ", r, " is ", lp[i]);
       const double old = old_.empty() ? lp[i] : old_[static_cast<std::size_t>(r)];
-      log_ratio_sum_[static_cast<std::size_t>(r / layout.seq_len)] += lp[i] - old;
+      log_ratio_sum_[static_cast<std::size_t>(layout.sequence(r))] += lp[i] - old;
     }
   }
   /// Sequence level: the ratio r_b, the clipped objective s_b and ds_b/dr_b of every sequence.
   void end_statistics(const token_layout& layout) {
-    for (index_t b = 0; b < layout.batch; ++b) {
+    for (index_t b = 0; b < layout.sequences(); ++b) {
       const auto k = static_cast<std::size_t>(b);
       const double ratio = std::exp(log_ratio_sum_[k] / std::max(1.0, count_[k]));
       const auto [s, ds] = surrogate(ratio, adv_[k]);
@@ -210,7 +233,7 @@ class grpo_loss {
       const index_t r = r0 + static_cast<index_t>(i);
       coeff[i] = 0;
       if (!layout.counts(r)) continue;
-      const auto b = static_cast<std::size_t>(r / layout.seq_len);
+      const auto b = static_cast<std::size_t>(layout.sequence(r));
       const double w = weight_[b];
       const double x = lp[i];
       check(std::isfinite(x), "grpo_loss: log-prob of row ", r, " is ", x);
@@ -254,9 +277,9 @@ class grpo_loss {
 
   std::span<const double> adv_, old_, ref_;
   grpo_options opt_;
-  std::vector<double> weight_;  // (B) per-token weight of each sequence
-  std::vector<double> count_;   // (B) counted tokens of each sequence
-  std::vector<double> log_ratio_sum_, seq_ratio_, seq_s_, seq_ds_;  // (B) sequence level
+  std::vector<double> weight_;  // (S) sequences: per-token weight of each sequence
+  std::vector<double> count_;   // (S) counted tokens of each sequence
+  std::vector<double> log_ratio_sum_, seq_ratio_, seq_s_, seq_ds_;  // (S) sequence level
   objective_counts step_;
   bool has_step_ = false;
 };

@@ -17,6 +17,7 @@
 
 #include <concepts>
 #include <span>
+#include <vector>
 
 #include "tightfit/core/error.hpp"
 #include "tightfit/core/types.hpp"
@@ -26,15 +27,43 @@ namespace tightfit {
 /// Targets of a batch as the head sees them: (B*T) flattened, already shifted (targets[b*T+t]
 /// is the token predicted at position t; ignore_index where nothing is predicted), and the
 /// per-sequence valid lengths (right padding).
+///
+/// Sequences: the units of per-sequence statistics (a GRPO completion, a DPO chosen or
+/// rejected sequence). Without `documents` they are the B rows; in a packed batch (several
+/// documents per row, position_ids) they are the documents, numbered in row-major order, and
+/// `documents` gives each row's document (document_ids builds it).
 struct token_layout {
   index_t batch = 1;
   index_t seq_len = 0;
-  std::span<const token_id> targets;  ///< (B*T)
-  std::span<const index_t> lengths;   ///< (B), empty: all T
+  std::span<const token_id> targets;     ///< (B*T)
+  std::span<const index_t> lengths;      ///< (B), empty: all T
+  std::span<const index_t> documents{};  ///< (B*T) document of each row; empty: one per row
+  index_t document_count = 0;            ///< D when documents is given
 
   index_t rows() const { return batch * seq_len; }
   bool counts(index_t row) const { return targets[static_cast<std::size_t>(row)] != ignore_index; }
+  /// Number of sequences: D for a packed batch, else B.
+  index_t sequences() const { return documents.empty() ? batch : document_count; }
+  /// The sequence of flattened row `row` (its document, or its batch row).
+  index_t sequence(index_t row) const {
+    return documents.empty() ? row / seq_len : documents[static_cast<std::size_t>(row)];
+  }
 };
+
+/// The document of every position (B*T) of a packed batch from its position_ids (restarting
+/// at 0 at each document): documents numbered 0, 1, ... in row-major order. Empty for empty
+/// position_ids (one document per row).
+inline std::vector<index_t> document_ids(std::span<const index_t> position_ids) {
+  std::vector<index_t> doc(position_ids.size());
+  index_t d = -1;
+  for (std::size_t i = 0; i < position_ids.size(); ++i) {
+    if (position_ids[i] == 0) ++d;
+    check(d >= 0, "document_ids: position_ids[0] is ", position_ids[i],
+          ", expected 0 (a row starts a document)");
+    doc[i] = d;
+  }
+  return doc;
+}
 
 /// A token log-prob objective (see the top comment for the protocol).
 template <class O>
@@ -56,7 +85,7 @@ concept Objective = requires(O& o, const token_layout& layout, index_t r0,
 /// gradients are then its exact share of the union batch's, and the shares add up to the
 /// union's (the normalisation that must not be per piece).
 struct objective_counts {
-  double sequences = 0;  ///< sequences (rows) of the batch
+  double sequences = 0;  ///< sequences of the batch (rows, or documents when packed)
   double tokens = 0;     ///< counted targets (target != ignore_index)
   double pairs = 0;      ///< preference pairs (DPO)
 
@@ -71,7 +100,7 @@ struct objective_counts {
 /// Counted targets and sequences of a layout.
 inline objective_counts count_targets(const token_layout& layout) {
   objective_counts c;
-  c.sequences = static_cast<double>(layout.batch);
+  c.sequences = static_cast<double>(layout.sequences());
   for (index_t r = 0; r < layout.rows(); ++r) c.tokens += layout.counts(r) ? 1 : 0;
   return c;
 }

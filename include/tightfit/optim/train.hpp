@@ -45,14 +45,20 @@
 
 namespace tightfit {
 
-/// A tokenized SFT data set: N rows of T tokens with Hugging Face labels.
+/// A tokenized SFT data set: N rows of T tokens with Hugging Face labels, optionally packed
+/// (position_ids restarting at 0 at each document: a document attends only to itself).
 class token_dataset {
  public:
   token_dataset() = default;
-  /// In-memory rows; labels empty: the inputs (language modelling).
+  /// In-memory rows; labels empty: the inputs (language modelling); position_ids (N*T) empty:
+  /// one document per row.
   token_dataset(index_t rows, index_t seq_len, std::vector<token_id> input_ids,
-                std::vector<token_id> labels = {})
-      : rows_(rows), seq_len_(seq_len), ids_(std::move(input_ids)), labels_(std::move(labels)) {
+                std::vector<token_id> labels = {}, std::vector<index_t> position_ids = {})
+      : rows_(rows),
+        seq_len_(seq_len),
+        ids_(std::move(input_ids)),
+        labels_(std::move(labels)),
+        pos_(std::move(position_ids)) {
     check(rows >= 1 && seq_len >= 2, "token_dataset: shape is (", rows, ", ", seq_len,
           "), expected at least one row of at least 2 tokens");
     check_extent("token_dataset", "input_ids.size", static_cast<index_t>(ids_.size()),
@@ -60,12 +66,17 @@ class token_dataset {
     if (labels_.empty()) labels_ = ids_;
     check_extent("token_dataset", "labels.size", static_cast<index_t>(labels_.size()),
                  rows * seq_len);
+    if (!pos_.empty()) {
+      // names the data set's row, position and value
+      sequence_batch{rows, seq_len, {}, pos_}.validate();
+    }
   }
 
   index_t rows() const { return rows_; }
   index_t seq_len() const { return seq_len_; }
   const std::vector<token_id>& input_ids() const { return ids_; }
   const std::vector<token_id>& labels() const { return labels_; }
+  const std::vector<index_t>& position_ids() const { return pos_; }  ///< (N*T) or empty
 
   /// Checks every token against a vocabulary size (named row and position on error).
   void validate(index_t vocab) const {
@@ -82,13 +93,15 @@ class token_dataset {
  private:
   index_t rows_ = 0, seq_len_ = 0;
   std::vector<token_id> ids_, labels_;  // (N, T)
+  std::vector<index_t> pos_;            // (N, T) or empty
 };
 
 /// One batch of B rows (wrapping around the data set) with shifted targets.
 struct dataset_batch {
   std::vector<token_id> ids, targets;  // (B*T)
+  std::vector<index_t> positions;      // (B*T) packed rows, or empty
   index_t batch = 1, seq_len = 0;
-  token_batch view() const { return {batch, seq_len, ids, targets, {}}; }
+  token_batch view() const { return {batch, seq_len, ids, targets, {}, positions}; }
 };
 
 /// Rows [first, first + B) modulo N.
@@ -104,6 +117,10 @@ inline dataset_batch make_batch(const token_dataset& data, index_t first, index_
                  data.input_ids().begin() + static_cast<std::ptrdiff_t>((r + 1) * t));
     labels.insert(labels.end(), data.labels().begin() + static_cast<std::ptrdiff_t>(r * t),
                   data.labels().begin() + static_cast<std::ptrdiff_t>((r + 1) * t));
+    if (!data.position_ids().empty())
+      b.positions.insert(b.positions.end(),
+                         data.position_ids().begin() + static_cast<std::ptrdiff_t>(r * t),
+                         data.position_ids().begin() + static_cast<std::ptrdiff_t>((r + 1) * t));
   }
   b.targets = shift_labels(labels, batch, data.seq_len());
   return b;

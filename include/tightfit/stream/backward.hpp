@@ -229,7 +229,10 @@ backward_result compute_gradients(M& model, const token_batch& batch, O& objecti
 
   // Targets at padded positions never count.
   const std::vector<token_id> targets = detail::masked_targets(batch);
-  const token_layout layout{seq.batch, t, targets, batch.lengths};
+  // Packed rows: the objective's sequences are the documents (row-major order).
+  const std::vector<index_t> documents = document_ids(batch.position_ids);  // (B*T) or empty
+  const token_layout layout{seq.batch,     t,         targets,
+                            batch.lengths, documents, documents.empty() ? 0 : documents.back() + 1};
 
   // Which layers need weight gradients, and how far down backprop must go.
   auto needs = [&](index_t l) {

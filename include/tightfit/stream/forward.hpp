@@ -41,7 +41,10 @@ std::vector<double> model_logprobs(M& model, const token_batch& batch,
     x = std::move(y);
   }
   const auto targets = detail::masked_targets(batch);
-  const token_layout layout{seq.batch, seq.seq_len, targets, batch.lengths};
+  const std::vector<index_t> documents = document_ids(batch.position_ids);  // (B*T) or empty
+  const token_layout layout{seq.batch, seq.seq_len,
+                            targets,   batch.lengths,
+                            documents, documents.empty() ? 0 : documents.back() + 1};
   head_options hopt;
   hopt.temperature = opt.temperature;
   hopt.chunk_rows = opt.head_chunk_rows > 0
@@ -50,14 +53,20 @@ std::vector<double> model_logprobs(M& model, const token_batch& batch,
   return token_logprobs(model, matrix_view<const T>(x.view(rows, d)), layout, hopt);
 }
 
-/// Per-sequence sums of the counted label log-probs (B): sum_t lp_t over non-ignored targets.
+/// Per-sequence sums of the counted label log-probs: sum_t lp_t over non-ignored targets, one
+/// per row (B), or one per document (D, row-major order) of a packed batch.
 template <DecoderModel M>
 std::vector<double> sequence_logprob_sums(M& model, const token_batch& batch,
                                           const forward_options& opt = {}) {
   const auto lp = model_logprobs(model, batch, opt);
-  std::vector<double> sums(static_cast<std::size_t>(batch.batch), 0.0);
-  for (index_t r = 0; r < batch.batch * batch.seq_len; ++r)
-    sums[static_cast<std::size_t>(r / batch.seq_len)] += lp[static_cast<std::size_t>(r)];
+  const std::vector<index_t> documents = document_ids(batch.position_ids);  // (B*T) or empty
+  std::vector<double> sums(
+      static_cast<std::size_t>(documents.empty() ? batch.batch : documents.back() + 1), 0.0);
+  for (index_t r = 0; r < batch.batch * batch.seq_len; ++r) {
+    const index_t s =
+        documents.empty() ? r / batch.seq_len : documents[static_cast<std::size_t>(r)];
+    sums[static_cast<std::size_t>(s)] += lp[static_cast<std::size_t>(r)];
+  }
   return sums;
 }
 

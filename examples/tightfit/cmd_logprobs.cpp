@@ -1,0 +1,179 @@
+// tightfit logprobs: forward-only per-token log-probs of a batch's labels under a Hugging Face
+// checkpoint (a reference or rollout policy), with the streaming head (the (B, T, V) logits are
+// never materialised). Writes the batch again with the keys `tightfit grad` reads them from
+// (GRPO ref_logprobs / old_logprobs, DPO ref_chosen_logps / ref_rejected_logps), so its output
+// is a --batch for grad without renaming. Prints one JSON line with the peak memory.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "args.hpp"
+#include "batch_file.hpp"
+#include "checks.hpp"
+#include "commands.hpp"
+#include "tightfit/backend/eigen.hpp"
+#include "tightfit/io/safetensors.hpp"
+#include "tightfit/nn/hf_model.hpp"
+#include "tightfit/stream/forward.hpp"
+
+namespace tightfit::cli {
+
+namespace {
+
+constexpr long long max_count = 1LL << 40;
+
+constexpr const char* logprobs_usage =
+    "usage: tightfit logprobs --model DIR --batch FILE --out FILE [--objective grpo|dpo]\n"
+    "                         [--as ref|old] [--dtype f32|f64] [--chunk N] [--head-chunk ROWS]\n"
+    "                         [--temperature T]\n"
+    "  Forward-only label log-probs of the batch under the model at DIR (a reference model, or\n"
+    "  the rollout policy), layer by layer in chunks of N positions (default 512) and a\n"
+    "  streaming head (no (B,T,V) logits). The batch file is grad's (tightfit grad --help);\n"
+    "  --objective defaults to dpo when it holds chosen_input_ids, else grpo. --out gets the\n"
+    "  batch's tensors plus:\n"
+    "    grpo: ref_logprobs (B,T), or old_logprobs with --as old: entry t is the log-prob of\n"
+    "          labels[t] (0 where nothing is predicted), at --temperature (default 1)\n"
+    "    dpo:  ref_chosen_logps, ref_rejected_logps (P): the sums over each completion's\n"
+    "          counted labels (one per document when packed)\n"
+    "  (a key already in the batch is replaced), so `tightfit grad --batch OUT` reads them.\n"
+    "  Prints one JSON line: keys, peak_activation_bytes, peak_bytes, seconds, ...\n";
+
+/// Copies every tensor of `f` but `skip` into `w`, keeping integer and float dtypes.
+void copy_tensors(const safetensors_file& f, safetensors_writer& w,
+                  const std::vector<std::string>& skip) {
+  for (const auto& info : f.tensors()) {
+    if (std::find(skip.begin(), skip.end(), info.name) != skip.end()) continue;
+    const bool floating = info.type == dtype::f64 || info.type == dtype::f32 ||
+                          info.type == dtype::bf16 || info.type == dtype::f16;
+    if (floating) {
+      const auto v = f.read<double>(info.name);
+      w.add(info.name, info.shape, std::span<const double>(v), info.type);
+    } else {
+      const auto v = f.read_ints(info.name);
+      w.add(info.name, info.shape, std::span<const std::int64_t>(v),
+            info.type == dtype::i32 ? dtype::i32 : dtype::i64);
+    }
+  }
+}
+
+template <class T>
+int run_logprobs(const arguments& a, const std::string& objective) {
+  using backend = eigen_backend<T>;
+  const std::filesystem::path model_dir = a.get("--model");
+  const model_config cfg = load_hf_config(model_dir);
+  check_model_fits(cfg, sizeof(T), 1, &model_dir);  // weights only: no gradients
+  backend be;
+  decoder_model<backend> model(be, cfg);
+  load_hf_weights(model_dir, model.parameters());
+  check_finite_weights(model.parameters(), model_dir.string());
+
+  const auto batch_file = safetensors_file::open(a.get("--batch"));
+  check_batch_keys(batch_file, objective);
+  const loaded_batch lb = read_batch(batch_file, objective);
+  forward_options fo;
+  fo.chunk = a.integer("--chunk", 512, 1, max_count);
+  fo.head_chunk_rows = a.integer("--head-chunk", 0, 0, max_count);
+  fo.temperature = a.real("--temperature", 1.0, 1e-6, 1e6);
+  backward_options bo;  // the backward's bound is an upper bound of the forward's
+  bo.sched = backward_schedule::stream;
+  bo.chunk = fo.chunk;
+  check_activations_fit<T>(batch_file.source(), false, cfg, lb.b, lb.t, bo);
+
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<double> lp;  // (B*T) target-aligned
+  std::size_t peak_activation = 0, peak = 0;
+  {
+    peak_scope scope(be.memory());
+    lp = model_logprobs(model, lb.view(), fo);
+    peak_activation = scope.peak_above_entry();
+    peak = scope.peak_bytes();
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (std::size_t i = 0; i < lp.size(); ++i)
+    check(std::isfinite(lp[i]), "the log-prob of row ", static_cast<index_t>(i) / lb.t,
+          ", position ", static_cast<index_t>(i) % lb.t, " is ", lp[i],
+          " (not finite); nothing written");
+
+  safetensors_writer w;
+  std::vector<std::string> keys;
+  if (objective == "grpo") {
+    keys = {a.get("--as", "ref") == "old" ? "old_logprobs" : "ref_logprobs"};
+    copy_tensors(batch_file, w, keys);
+    const auto v = unshift_values(lp, lb.b, lb.t);  // label-aligned (B, T)
+    w.add(keys[0], {lb.b, lb.t}, std::span<const double>(v), dtype::f64);
+  } else {
+    keys = {"ref_chosen_logps", "ref_rejected_logps"};
+    copy_tensors(batch_file, w, keys);
+    // per sequence (row or document): the sums dpo_loss compares with the policy's
+    const std::vector<index_t> documents = document_ids(lb.positions);
+    std::vector<double> sums(static_cast<std::size_t>(2 * lb.pairs()), 0.0);
+    for (std::size_t r = 0; r < lp.size(); ++r)
+      sums[static_cast<std::size_t>(documents.empty() ? static_cast<index_t>(r) / lb.t
+                                                      : documents[r])] += lp[r];
+    const auto p = static_cast<std::size_t>(lb.pairs());
+    const std::vector<double> cw(sums.begin(), sums.begin() + static_cast<std::ptrdiff_t>(p)),
+        cl(sums.begin() + static_cast<std::ptrdiff_t>(p), sums.end());
+    w.add(keys[0], {lb.pairs()}, std::span<const double>(cw), dtype::f64);
+    w.add(keys[1], {lb.pairs()}, std::span<const double>(cl), dtype::f64);
+  }
+  w.write(a.get("--out"));
+
+  nlohmann::json out;
+  out["objective"] = objective;
+  out["keys"] = keys;
+  out["dtype"] = sizeof(T) == 8 ? "f64" : "f32";
+  out["batch"] = lb.b;
+  out["seq_len"] = lb.t;
+  out["chunk"] = fo.chunk;
+  out["peak_activation_bytes"] = peak_activation;
+  out["peak_bytes"] = peak;
+  out["seconds"] = seconds;
+  out["out"] = a.get("--out");
+  std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  return 0;
+}
+
+}  // namespace
+
+int logprobs(int argc, char** argv) {
+  return with_arguments(
+      argc, argv,
+      {"--model", "--batch", "--out", "--objective", "--as", "--dtype", "--chunk", "--head-chunk",
+       "--temperature"},
+      {}, logprobs_usage, [](const arguments& a) {
+        if (!a.has("--model") || !a.has("--batch") || !a.has("--out"))
+          throw usage_error{"--model, --batch and --out are required"};
+        std::string objective = a.get("--objective", "");
+        if (!objective.empty() && objective != "grpo" && objective != "dpo")
+          throw usage_error{"--objective expects grpo or dpo, got '" + objective + "'"};
+        const std::string as = a.get("--as", "ref");
+        if (as != "ref" && as != "old")
+          throw usage_error{"--as expects ref or old, got '" + as + "'"};
+        if (a.has("--as") && objective == "dpo")
+          throw usage_error{"--as applies to --objective grpo (dpo writes ref_*_logps)"};
+        (void)a.integer("--chunk", 512, 1, max_count);
+        (void)a.integer("--head-chunk", 0, 0, max_count);
+        (void)a.real("--temperature", 1.0, 1e-6, 1e6);
+        const std::string dtype = a.get("--dtype", "f32");
+        if (dtype != "f32" && dtype != "f64")
+          throw usage_error{"--dtype expects f32 or f64, got '" + dtype + "'"};
+        path_guard paths;
+        paths.input(a.get("--model"));
+        paths.input(a.get("--batch"));
+        paths.output_file("--out", a.get("--out"));
+        if (objective.empty())
+          objective = safetensors_file::open(a.get("--batch")).contains("chosen_input_ids")
+                          ? "dpo"
+                          : "grpo";
+        if (dtype == "f64") return run_logprobs<double>(a, objective);
+        return run_logprobs<float>(a, objective);
+      });
+}
+
+}  // namespace tightfit::cli
