@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "tightfit/backend/concept.hpp"
+#include "tightfit/backend/detail/gelu.hpp"
 #include "tightfit/backend/detail/host_storage.hpp"
 #include "tightfit/backend/detail/reference_checks.hpp"
 #include "tightfit/core/error.hpp"
@@ -216,6 +217,53 @@ class reference_backend : public detail::host_storage<T> {
         dgate(i, j) = static_cast<T>(static_cast<double>(dgate(i, j)) +
                                      d * static_cast<double>(up(i, j)) * sg * (1 + g * (1 - sg)));
         dup(i, j) = static_cast<T>(static_cast<double>(dup(i, j)) + d * g * sg);
+      }
+  }
+
+  // ---- GELU-tanh gated MLP and logit soft-capping (Gemma) -----------------------------------
+
+  /// out = gelu_tanh(gate) * up (detail/gelu.hpp); all (n, f).
+  void geglu_forward(matrix_view<const T> gate, matrix_view<const T> up, matrix_view<T> out) {
+    detail::check_swiglu_forward(gate, up, out, "geglu_forward");
+    for (index_t i = 0; i < gate.rows; ++i)
+      for (index_t j = 0; j < gate.cols; ++j) {
+        const double g = static_cast<double>(gate(i, j));
+        out(i, j) = static_cast<T>(detail::gelu_tanh(g) * static_cast<double>(up(i, j)));
+      }
+  }
+
+  /// dgate += dout * up * gelu_tanh'(gate), dup += dout * gelu_tanh(gate).
+  void geglu_backward(matrix_view<const T> gate, matrix_view<const T> up,
+                      matrix_view<const T> dout, matrix_view<T> dgate, matrix_view<T> dup) {
+    detail::check_swiglu_backward(gate, up, dout, dgate, dup, "geglu_backward");
+    for (index_t i = 0; i < gate.rows; ++i)
+      for (index_t j = 0; j < gate.cols; ++j) {
+        const double g = static_cast<double>(gate(i, j));
+        const double d = static_cast<double>(dout(i, j));
+        dgate(i, j) = static_cast<T>(static_cast<double>(dgate(i, j)) +
+                                     d * static_cast<double>(up(i, j)) * detail::gelu_tanh_grad(g));
+        dup(i, j) = static_cast<T>(static_cast<double>(dup(i, j)) + d * detail::gelu_tanh(g));
+      }
+  }
+
+  /// In place: x <- cap tanh(x / cap) (Gemma's final logit soft-capping), cap > 0.
+  void logit_softcap_forward(matrix_view<T> x, T cap) {
+    detail::check_softcap("logit_softcap_forward", x, static_cast<double>(cap));
+    const auto c = static_cast<double>(cap);
+    for (index_t i = 0; i < x.rows; ++i)
+      for (index_t j = 0; j < x.cols; ++j)
+        x(i, j) = static_cast<T>(c * std::tanh(static_cast<double>(x(i, j)) / c));
+  }
+
+  /// In place: dx <- dx (1 - (capped / cap)^2), the backward of logit_softcap_forward given its
+  /// output `capped`.
+  void logit_softcap_backward(matrix_view<const T> capped, matrix_view<T> dx, T cap) {
+    detail::check_softcap_backward(capped, dx, static_cast<double>(cap));
+    const auto c = static_cast<double>(cap);
+    for (index_t i = 0; i < dx.rows; ++i)
+      for (index_t j = 0; j < dx.cols; ++j) {
+        const double y = static_cast<double>(capped(i, j)) / c;
+        dx(i, j) = static_cast<T>(static_cast<double>(dx(i, j)) * (1 - y * y));
       }
   }
 
