@@ -560,6 +560,7 @@ requires(std::is_same_v<Storage, float> ||
     a.group = s.heads / s.kv_heads;
     a.hd = s.head_dim;
     a.scale = scale;
+    a.softcap = static_cast<float>(m.softcap);
     return a;
   }
 

@@ -250,8 +250,9 @@ __global__ void swiglu_backward_kernel(const S* gate, index_t gs, const S* up, i
 
 // ---- GELU-tanh gated MLP (Gemma) and logit soft-capping -------------------------------------
 
-__device__ __forceinline__ float gelu_tanh_th(float g) {
-  return tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g));  // sqrt(2/pi)
+/// sigmoid(2u) = (1 + tanh u) / 2, u = sqrt(2/pi) (g + 0.044715 g^3) (detail/gelu.hpp).
+__device__ __forceinline__ float gelu_tanh_s(float g) {
+  return 1.f / (1.f + expf(-2.f * 0.7978845608028654f * (g + 0.044715f * g * g * g)));
 }
 
 template <class S>
@@ -262,7 +263,7 @@ __global__ void geglu_forward_kernel(const S* gate, index_t gs, const S* up, ind
        e += static_cast<index_t>(gridDim.x) * blockDim.x) {
     const index_t i = e / cols, j = e % cols;
     const float g = ld(gate + i * gs + j);
-    out[i * os + j] = cvt<S>(0.5f * g * (1.f + gelu_tanh_th(g)) * ld(up + i * us + j));
+    out[i * os + j] = cvt<S>(g * gelu_tanh_s(g) * ld(up + i * us + j));
   }
 }
 
@@ -274,13 +275,13 @@ __global__ void geglu_backward_kernel(const S* gate, index_t gs, const S* up, in
   for (index_t e = blockIdx.x * static_cast<index_t>(blockDim.x) + threadIdx.x; e < n;
        e += static_cast<index_t>(gridDim.x) * blockDim.x) {
     const index_t i = e / cols, j = e % cols;
-    const float g = ld(gate + i * gs + j), th = gelu_tanh_th(g), d = ld(dout + i * ds + j);
-    const float grad = 0.5f * (1.f + th) + 0.5f * g * (1.f - th * th) * 0.7978845608028654f *
-                                              (1.f + 3.f * 0.044715f * g * g);
+    const float g = ld(gate + i * gs + j), s = gelu_tanh_s(g), d = ld(dout + i * ds + j);
+    const float grad =
+        s + 2.f * 0.7978845608028654f * g * s * (1.f - s) * (1.f + 3.f * 0.044715f * g * g);
     S* pg = dgate + i * dgs + j;
     S* pu = dup + i * dus + j;
     *pg = cvt<S>(ld(pg) + d * ld(up + i * us + j) * grad);
-    *pu = cvt<S>(ld(pu) + d * 0.5f * g * (1.f + th));
+    *pu = cvt<S>(ld(pu) + d * g * s);
   }
 }
 

@@ -186,31 +186,31 @@ void swiglu_backward(matrix_view<const T> gate, matrix_view<const T> up, matrix_
 
 // ---- GELU-tanh gated MLP (Gemma) and logit soft-capping ---------------------------------------
 
-/// out = gelu_tanh(gate) * up (detail/gelu.hpp).
+/// out = gelu_tanh(gate) * up = gate sigmoid(2u) up (detail/gelu.hpp).
 template <class T>
 void geglu_forward(matrix_view<const T> gate, matrix_view<const T> up, matrix_view<T> out) {
   for_each_row(out.rows, out.cols, [&](index_t i) {
     const auto g = row_array(gate, i);
-    const auto th = (T(gelu_beta) * (g + T(gelu_kappa) * g * g * g)).tanh();
-    row_array(out, i) = T(0.5) * g * (T(1) + th) * row_array(up, i);
+    row_array(out, i) =
+        g / (T(1) + (T(-2 * gelu_beta) * (g + T(gelu_kappa) * g * g * g)).exp()) *
+        row_array(up, i);
   });
 }
 
-/// dgate += dout * up * gelu_tanh'(g), dup += dout * gelu_tanh(g).
+/// dgate += dout * up * gelu_tanh'(g), dup += dout * gelu_tanh(g), through s = sigmoid(2u).
 template <class T>
 void geglu_backward(matrix_view<const T> gate, matrix_view<const T> up, matrix_view<const T> dout,
                     matrix_view<T> dgate, matrix_view<T> dup) {
   parallel_for(0, gate.rows, row_grain(gate.cols), [&](index_t i0, index_t i1) {
-    eigen_array<T> th(gate.cols);
+    eigen_array<T> s(gate.cols);
     for (index_t i = i0; i < i1; ++i) {
       const auto g = row_array(gate, i);
       const auto dy = row_array(dout, i);
-      th = (T(gelu_beta) * (g + T(gelu_kappa) * g * g * g)).tanh();
+      s = T(1) / (T(1) + (T(-2 * gelu_beta) * (g + T(gelu_kappa) * g * g * g)).exp());
       row_array(dgate, i) += dy * row_array(up, i) *
-                             (T(0.5) * (T(1) + th) + T(0.5) * g * (T(1) - th * th) *
-                                                         T(gelu_beta) *
-                                                         (T(1) + T(3 * gelu_kappa) * g * g));
-      row_array(dup, i) += dy * T(0.5) * g * (T(1) + th);
+                             (s + T(2 * gelu_beta) * g * s * (T(1) - s) *
+                                      (T(1) + T(3 * gelu_kappa) * g * g));
+      row_array(dup, i) += dy * g * s;
     }
   });
 }

@@ -245,6 +245,8 @@ inline void check_attention_mask(const char* k, const attention_mask& m, index_t
   check(m.q0 >= 0, k, ": q0 is ", m.q0, ", expected >= 0");
   check(m.valid_len >= 1, k, ": valid_len is ", m.valid_len, ", expected >= 1");
   check(m.window >= 0, k, ": window is ", m.window, ", expected >= 0 (0: no sliding window)");
+  check(m.softcap >= 0 && std::isfinite(m.softcap), k, ": softcap is ", m.softcap,
+        ", expected a finite value >= 0 (0: no soft-capping)");
   if (m.doc_start.empty()) return;
   const index_t need = m.q0 + nq;
   check(static_cast<index_t>(m.doc_start.size()) >= need, k, ": doc_start.size is ",
