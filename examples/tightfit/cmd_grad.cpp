@@ -17,6 +17,7 @@
 #include "tightfit/loss/dpo.hpp"
 #include "tightfit/loss/grpo.hpp"
 #include "tightfit/loss/sft.hpp"
+#include "tightfit/nn/gemma_layer.hpp"
 #include "tightfit/nn/hf_model.hpp"
 #include "tightfit/stream/backward.hpp"
 #include "tightfit/stream/planner.hpp"
@@ -163,16 +164,15 @@ std::vector<double> shift_values(const std::vector<double>& v, index_t b, index_
   return out;
 }
 
-template <class T>
-int run_grad(const arguments& a) {
+template <class T, template <class> class Layer>
+int run_grad_with(const arguments& a, const model_config& cfg) {
   using backend = eigen_backend<T>;
   const std::filesystem::path model_dir = a.get("--model");
-  const model_config cfg = load_hf_config(model_dir);
   // Sizes before allocation: config.json against the checkpoint, weights + gradients
   // against memory.
   check_model_fits(cfg, sizeof(T), 2, &model_dir);
   backend be;
-  decoder_model<backend> model(be, cfg);
+  decoder_model<backend, Layer<backend>> model(be, cfg);
   load_hf_weights(model_dir, model.parameters());
   check_finite_weights(model.parameters(), model_dir.string());
 
@@ -308,6 +308,15 @@ int run_grad(const arguments& a) {
   if (a.has("--out")) out["gradients"] = a.get("--out");
   std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   return 0;
+}
+
+/// The layer of the config's architecture: Gemma 2 / 3 run on gemma_layer, the rest on
+/// decoder_layer.
+template <class T>
+int run_grad(const arguments& a) {
+  const model_config cfg = load_hf_config(a.get("--model"));
+  return cfg.is_gemma() ? run_grad_with<T, gemma_layer>(a, cfg)
+                        : run_grad_with<T, decoder_layer>(a, cfg);
 }
 
 }  // namespace

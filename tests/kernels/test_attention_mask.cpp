@@ -123,13 +123,13 @@ std::vector<index_t> visible(const attention_mask& m, index_t p, index_t nk) {
 
 const std::vector<mask_case> kCases = {
     // heads kv hd n window docs valid
-    {2, 1, 4, 23, 5, {}, 0},              // a window, one document
-    {4, 2, 6, 31, 0, {7, 1, 12, 11}, 0},  // documents (one of length 1), no window
-    {4, 1, 8, 40, 6, {15, 3, 22}, 0},     // both: the window inside long documents
-    {2, 2, 3, 29, 4, {}, 20},             // a window and right padding
-    {8, 2, 4, 37, 2, {10, 27}, 0},        // window 2: a query and its predecessor
-    {4, 4, 8, 150, 17, {60, 90}, 0},      // several default tiles
-    {2, 1, 8, 50, 100, {}, 0},            // a window longer than the sequence: causal
+    {2, 1, 4, 23, 5, {}, 0},                   // a window, one document
+    {4, 2, 6, 31, 0, {7, 1, 12, 11}, 0},       // documents (one of length 1), no window
+    {4, 1, 8, 40, 6, {15, 3, 22}, 0},          // both: the window inside long documents
+    {2, 2, 3, 29, 4, {}, 20},                  // a window and right padding
+    {8, 2, 4, 37, 2, {10, 27}, 0},             // window 2: a query and its predecessor
+    {4, 4, 8, 150, 17, {60, 90}, 0},           // several default tiles
+    {2, 1, 8, 50, 100, {}, 0},                 // a window longer than the sequence: causal
     {4, 2, 6, 31, 5, {7, 1, 12, 11}, 0, 0.8},  // soft-capped scores, window and documents
     {2, 1, 8, 150, 0, {}, 120, 2.5},           // soft-capped, causal, padding, several tiles
 };

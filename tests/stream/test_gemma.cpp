@@ -224,7 +224,8 @@ TEST_CASE("gemma layer: the forward-only log-probs equal the gradient pass's los
     }
   }
   sft_loss loss;
-  const double l = compute_gradients(model, rb.view(), loss, with(backward_schedule::stream, 3)).loss;
+  const double l =
+      compute_gradients(model, rb.view(), loss, with(backward_schedule::stream, 3)).loss;
   CHECK(std::abs(-sum / static_cast<double>(counted) - l) <= 1e-12 * std::abs(l));
 }
 

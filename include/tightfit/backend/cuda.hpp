@@ -328,8 +328,8 @@ requires(std::is_same_v<Storage, float> ||
     launched("geglu_forward");
   }
 
-  void geglu_backward(matrix_view<const S> gate, matrix_view<const S> up,
-                      matrix_view<const S> dout, matrix_view<S> dgate, matrix_view<S> dup) {
+  void geglu_backward(matrix_view<const S> gate, matrix_view<const S> up, matrix_view<const S> dout,
+                      matrix_view<S> dgate, matrix_view<S> dup) {
     detail::check_swiglu_backward(gate, up, dout, dgate, dup, "geglu_backward");
     if (gate.empty()) return;
     ctx_.ensure();

@@ -245,8 +245,8 @@ class eigen_backend : public detail::host_storage<T> {
     });
   }
   /// dgate += dout * up * gelu_tanh'(gate), dup += dout * gelu_tanh(gate).
-  void geglu_backward(matrix_view<const T> gate, matrix_view<const T> up,
-                      matrix_view<const T> dout, matrix_view<T> dgate, matrix_view<T> dup) {
+  void geglu_backward(matrix_view<const T> gate, matrix_view<const T> up, matrix_view<const T> dout,
+                      matrix_view<T> dgate, matrix_view<T> dup) {
     arena_.run([&] {
       detail::check_swiglu_backward(gate, up, dout, dgate, dup, "geglu_backward");
       detail::geglu_backward(gate, up, dout, dgate, dup);

@@ -233,8 +233,8 @@ class reference_backend : public detail::host_storage<T> {
   }
 
   /// dgate += dout * up * gelu_tanh'(gate), dup += dout * gelu_tanh(gate).
-  void geglu_backward(matrix_view<const T> gate, matrix_view<const T> up,
-                      matrix_view<const T> dout, matrix_view<T> dgate, matrix_view<T> dup) {
+  void geglu_backward(matrix_view<const T> gate, matrix_view<const T> up, matrix_view<const T> dout,
+                      matrix_view<T> dgate, matrix_view<T> dup) {
     detail::check_swiglu_backward(gate, up, dout, dgate, dup, "geglu_backward");
     for (index_t i = 0; i < gate.rows; ++i)
       for (index_t j = 0; j < gate.cols; ++j) {

@@ -130,8 +130,8 @@ struct model_config {
     non_negative("final_logit_softcapping", final_logit_softcapping);
     non_negative("rope_local_base_freq", rope_local_base_freq);
     if (!is_gemma()) {
-      const char* set = query_pre_attn_scalar > 0    ? "query_pre_attn_scalar"
-                        : attn_logit_softcapping > 0 ? "attn_logit_softcapping"
+      const char* set = query_pre_attn_scalar > 0     ? "query_pre_attn_scalar"
+                        : attn_logit_softcapping > 0  ? "attn_logit_softcapping"
                         : final_logit_softcapping > 0 ? "final_logit_softcapping"
                         : rope_local_base_freq > 0    ? "rope_local_base_freq"
                                                       : nullptr;

@@ -163,8 +163,8 @@ class gemma_layer {
                       matrix_view<const T> dy, index_t c0, index_t c1, matrix_view<T> dx,
                       layer_grad_mode mode) {
     check(kv_.has_value(), "gemma_layer::backward_chunk: begin_backward was not called");
-    check(c0 >= 0 && c0 < c1 && c1 <= seq.seq_len, "gemma_layer::backward_chunk: chunk [", c0,
-          ", ", c1, ") is not inside [0, ", seq.seq_len, ")");
+    check(c0 >= 0 && c0 < c1 && c1 <= seq.seq_len, "gemma_layer::backward_chunk: chunk [", c0, ", ",
+          c1, ") is not inside [0, ", seq.seq_len, ")");
     check_extent("gemma_layer::backward_chunk", "dy rows", dy.rows, seq.rows());
     check_extent("gemma_layer::backward_chunk", "dy cols", dy.cols, cfg_.hidden_size);
     if (mode.input_grad) check_rows("backward_chunk", seq, dy, dx);
@@ -494,8 +494,8 @@ class gemma_layer {
       buffer dout = be.template allocate<T>(n * qw);  // (n, H*hd)
       {
         buffer dao = be.template allocate<T>(n * d);  // (n, d)
-        be.rmsnorm_backward(a.ao.view(n, d), ns.post_attn.scale(), a.rstd_a.span(),
-                            dx2.view(n, d), dao.view(n, d), grad_vec(ids_.post_attn_norm, wg));
+        be.rmsnorm_backward(a.ao.view(n, d), ns.post_attn.scale(), a.rstd_a.span(), dx2.view(n, d),
+                            dao.view(n, d), grad_vec(ids_.post_attn_norm, wg));
         a.ao.reset();
         be.gemm(transpose::no, transpose::no, A(1), dao.view(n, d), weight(ids_.o_proj, d, qw),
                 A(0), dout.view(n, qw));
@@ -543,9 +543,8 @@ class gemma_layer {
       gather_rows(be, seq, c0, c1, matrix_view<const T>(kv_->rstd_k.view(rows, hkv)),
                   rstd.view(n, hkv));
       buffer dk_raw = be.template allocate<T>(n * kvw);
-      be.rmsnorm_backward(k_raw.view(n * hkv, hd), ns.k.scale(), rstd.span(),
-                          dk.view(n * hkv, hd), dk_raw.view(n * hkv, hd),
-                          grad_vec(ids_.k_norm, wg));
+      be.rmsnorm_backward(k_raw.view(n * hkv, hd), ns.k.scale(), rstd.span(), dk.view(n * hkv, hd),
+                          dk_raw.view(n * hkv, hd), grad_vec(ids_.k_norm, wg));
       dk = std::move(dk_raw);
     }
     auto h1 = a.h1.view(n, d);

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tightfit/backend/concept.hpp"
@@ -37,6 +38,9 @@ class decoder_model {
 
   decoder_model(B& backend, const model_config& config) : cfg_(config), params_(backend) {
     cfg_.validate();
+    if constexpr (std::is_same_v<L, decoder_layer<B>>)
+      check(!cfg_.is_gemma(), "decoder_model: ", cfg_.architecture,
+            " needs the Gemma layer: decoder_model<B, gemma_layer<B>> (nn/gemma_layer.hpp)");
     embed_ = params_.add(hf_names::embedding, {cfg_.vocab_size, cfg_.hidden_size});
     const auto table = L::parameter_table(cfg_);
     for (index_t l = 0; l < cfg_.num_hidden_layers; ++l) {

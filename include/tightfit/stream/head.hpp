@@ -152,7 +152,8 @@ double lm_head_backward(M& model, matrix_view<const storage_t<typename M::backen
         be.upload(std::span<const T>(coeff_t), coeff_dev.span());
         const auto targets =
             layout.targets.subspan(static_cast<std::size_t>(r0), static_cast<std::size_t>(n));
-        std::remove_reference_t<decltype(logits)> capped;  // (n, V) the capped logits (soft-capping only)
+        std::remove_reference_t<decltype(logits)>
+            capped;  // (n, V) the capped logits (soft-capping only)
         if (cap > 0) {
           capped = be.template allocate<T>(n * v);
           be.copy(logits.view(n, v), capped.view(n, v));

@@ -184,7 +184,8 @@ __global__ void attn_dot_kernel(attn_args a, const S* o, index_t os, const S* do
 }
 
 /// P and dS of one (query tile, key tile) pair: P = exp(c - lse) on visible pairs with the
-/// score c = attn_score(q.k), dS = P (dO.v - D) (times 1 - (c / cap)^2 with soft-capping). Tiles qt, dot (BR, hd), kt, vt (BC, hd); pt, dst (BR, BC).
+/// score c = attn_score(q.k), dS = P (dO.v - D) (times 1 - (c / cap)^2 with soft-capping). Tiles
+/// qt, dot (BR, hd), kt, vt (BC, hd); pt, dst (BR, BC).
 __device__ __forceinline__ void attn_p_ds(const attn_args& a, index_t i0, index_t j0,
                                           const float* qt, const float* dot, const float* kt,
                                           const float* vt, const float* lrow, const float* drow,

@@ -1,7 +1,8 @@
 // tightfit/backend/detail/eigen_rowwise.hpp: the row-wise kernels of the Eigen backend
-// (embedding, RMSNorm, RoPE, SwiGLU, GELU-tanh GLU, logit soft-capping, axpy/scale/fill/copy). Shapes and indices are checked by
-// eigen_backend before these run. Every reduction over rows (embedding and RMSNorm weight
-// gradients) runs in a fixed order, so results do not depend on the thread count.
+// (embedding, RMSNorm, RoPE, SwiGLU, GELU-tanh GLU, logit soft-capping, axpy/scale/fill/copy).
+// Shapes and indices are checked by eigen_backend before these run. Every reduction over rows
+// (embedding and RMSNorm weight gradients) runs in a fixed order, so results do not depend on the
+// thread count.
 #pragma once
 
 #include <algorithm>
@@ -192,8 +193,7 @@ void geglu_forward(matrix_view<const T> gate, matrix_view<const T> up, matrix_vi
   for_each_row(out.rows, out.cols, [&](index_t i) {
     const auto g = row_array(gate, i);
     row_array(out, i) =
-        g / (T(1) + (T(-2 * gelu_beta) * (g + T(gelu_kappa) * g * g * g)).exp()) *
-        row_array(up, i);
+        g / (T(1) + (T(-2 * gelu_beta) * (g + T(gelu_kappa) * g * g * g)).exp()) * row_array(up, i);
   });
 }
 
@@ -207,9 +207,9 @@ void geglu_backward(matrix_view<const T> gate, matrix_view<const T> up, matrix_v
       const auto g = row_array(gate, i);
       const auto dy = row_array(dout, i);
       s = T(1) / (T(1) + (T(-2 * gelu_beta) * (g + T(gelu_kappa) * g * g * g)).exp());
-      row_array(dgate, i) += dy * row_array(up, i) *
-                             (s + T(2 * gelu_beta) * g * s * (T(1) - s) *
-                                      (T(1) + T(3 * gelu_kappa) * g * g));
+      row_array(dgate, i) +=
+          dy * row_array(up, i) *
+          (s + T(2 * gelu_beta) * g * s * (T(1) - s) * (T(1) + T(3 * gelu_kappa) * g * g));
       row_array(dup, i) += dy * g * s;
     }
   });
