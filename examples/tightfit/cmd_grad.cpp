@@ -26,6 +26,7 @@
 #include "tightfit/loss/dpo.hpp"
 #include "tightfit/loss/grpo.hpp"
 #include "tightfit/loss/sft.hpp"
+#include "tightfit/nn/gemma_layer.hpp"
 #include "tightfit/nn/hf_model.hpp"
 #include "tightfit/stream/backward.hpp"
 #include "tightfit/stream/planner.hpp"
@@ -111,18 +112,17 @@ std::vector<V> take_rows(const std::vector<V>& v, const std::vector<index_t>& ro
   return out;
 }
 
-template <class T, class Comm>
-int run_grad(const arguments& a, Comm& comm) {
+template <class T, template <class> class Layer, class Comm>
+int run_grad_with(const arguments& a, const model_config& cfg, Comm& comm) {
   constexpr bool distributed = !std::is_same_v<Comm, self_communicator>;
   const std::string parallel = a.get("--parallel", "");
   using backend = eigen_backend<T>;
   const std::filesystem::path model_dir = a.get("--model");
-  const model_config cfg = load_hf_config(model_dir);
   // Sizes before allocation: config.json against the checkpoint, weights + gradients
   // against memory.
   check_model_fits(cfg, sizeof(T), 2, &model_dir);
   backend be;
-  decoder_model<backend> model(be, cfg);
+  decoder_model<backend, Layer<backend>> model(be, cfg);
   load_hf_weights(model_dir, model.parameters());
   check_finite_weights(model.parameters(), model_dir.string());
 
@@ -190,8 +190,13 @@ int run_grad(const arguments& a, Comm& comm) {
   // of the whole batch; mine: that of this rank's rows (data parallel).
   auto gradients = [&](auto& whole, auto& mine) -> backward_result {
     if constexpr (distributed) {
-      if (parallel == "sequence")
-        return sequence_parallel_gradients(model, batch, whole, opt, comm, {assignment});
+      if (parallel == "sequence") {
+        if constexpr (SequenceParallelLayer<Layer<backend>, backend>)
+          return sequence_parallel_gradients(model, batch, whole, opt, comm, {assignment});
+        else
+          fail("--parallel sequence: the ", cfg.architecture,
+               " layer does not offer the sequence-parallel extension yet");
+      }
       if (parallel == "data") return data_parallel_gradients(model, my_batch, mine, opt, comm);
     }
     (void)mine;
@@ -288,6 +293,15 @@ int run_grad(const arguments& a, Comm& comm) {
   if (a.has("--out")) out["gradients"] = a.get("--out");
   std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   return 0;
+}
+
+/// The layer of the config's architecture: Gemma 2 / 3 run on gemma_layer, the rest on
+/// decoder_layer.
+template <class T, class Comm>
+int run_grad(const arguments& a, Comm& comm) {
+  const model_config cfg = load_hf_config(a.get("--model"));
+  return cfg.is_gemma() ? run_grad_with<T, gemma_layer>(a, cfg, comm)
+                        : run_grad_with<T, decoder_layer>(a, cfg, comm);
 }
 
 /// Every argument checked before any file is read or MPI starts (usage_error: exit 2).

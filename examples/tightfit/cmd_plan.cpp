@@ -23,7 +23,8 @@ constexpr const char* plan_usage =
     "power-of-two chunk\n"
     "  whose StreamBP peak fits at T, and the largest T each schedule reaches within the budget\n"
     "  (activation bytes: parameters and gradients not included). Presets: qwen3-bench, small,\n"
-    "  qwen3-0.6b, qwen3-4b, qwen3-8b, qwen2.5-0.5b, qwen2.5-7b, llama3-8b, llama3.1-8b.\n";
+    "  qwen3-0.6b, qwen3-4b, qwen3-8b, qwen2.5-0.5b, qwen2.5-7b, llama3-8b, llama3.1-8b,\n"
+    "  gemma3-4b.\n";
 
 template <class T>
 int run_plan(const model_config& cfg, index_t batch, index_t seq, std::size_t budget, index_t chunk,

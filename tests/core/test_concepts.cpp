@@ -14,6 +14,7 @@
 #include "tightfit/backend/reference.hpp"
 #include "tightfit/loss/sft.hpp"
 #include "tightfit/nn/decoder_layer.hpp"
+#include "tightfit/nn/gemma_layer.hpp"
 #include "tightfit/nn/parameters.hpp"
 #include "tightfit/nn/sequence_shard.hpp"
 #include "tightfit/stream/backward.hpp"
@@ -30,6 +31,12 @@ template <class B>
 constexpr bool every_part = StorageBackend<B>&& DenseBackend<B>&& TransformerBackend<B>&&
     OptimizerBackend<B>&& Backend<B>&& Buffer<buffer_t<B>, storage_t<B>>;
 static_assert(every_part<reference_backend<float>> && every_part<reference_backend<double>>);
+// the Gemma kernels (GELU-tanh GLU, logit soft-capping) and the two shipped decoder layers
+static_assert(GemmaBackend<reference_backend<float>> && GemmaBackend<reference_backend<double>>);
+static_assert(GemmaBackend<meta_backend<float>> && GemmaBackend<meta_backend<double>>);
+static_assert(DecoderLayer<decoder_layer<reference_backend<double>>, reference_backend<double>>);
+static_assert(DecoderLayer<gemma_layer<reference_backend<double>>, reference_backend<double>>);
+static_assert(DecoderLayer<gemma_layer<meta_backend<float>>, meta_backend<float>>);
 static_assert(every_part<meta_backend<float>> && every_part<meta_backend<double>>);
 static_assert(std::same_as<storage_t<reference_backend<float>>, float>);
 static_assert(std::same_as<accum_t<reference_backend<float>>, float>);
@@ -60,6 +67,8 @@ static_assert(
     SequenceParallelLayer<decoder_layer<reference_backend<float>>, reference_backend<float>>);
 #ifdef TIGHTFIT_TEST_EIGEN
 static_assert(every_part<eigen_backend<float>> && every_part<eigen_backend<double>>);
+static_assert(GemmaBackend<eigen_backend<float>> && GemmaBackend<eigen_backend<double>>);
+static_assert(DecoderLayer<gemma_layer<eigen_backend<float>>, eigen_backend<float>>);
 static_assert(ParameterSet<parameter_set<eigen_backend<double>>>);
 #endif
 

@@ -32,6 +32,7 @@ static_assert(StorageBackend<cuda_backend<float>>);
 static_assert(DenseBackend<cuda_backend<bf16>>);
 static_assert(TransformerBackend<cuda_backend<bf16>>);
 static_assert(OptimizerBackend<cuda_backend<bf16>>);
+static_assert(GemmaBackend<cuda_backend<float>> && GemmaBackend<cuda_backend<bf16>>);
 static_assert(std::is_same_v<storage_t<cuda_backend<bf16>>, bf16>);
 static_assert(std::is_same_v<accum_t<cuda_backend<bf16>>, float>);
 

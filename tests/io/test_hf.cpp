@@ -320,6 +320,105 @@ TEST_CASE("config.json: rope scaling, sliding windows and mlp_bias") {
   }
 }
 
+TEST_CASE("config.json of Gemma 2, Gemma 3 and the text part of Gemma 3 multimodal") {
+  scratch_dir dir;
+  // modelled on google/gemma-2-2b and google/gemma-3-1b-pt (fewer layers)
+  const json gemma2 = json::parse(R"({
+    "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "attention_bias": false,
+    "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "head_dim": 256,
+    "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 2304, "intermediate_size": 9216, "max_position_embeddings": 8192,
+    "num_attention_heads": 8, "num_hidden_layers": 4, "num_key_value_heads": 4,
+    "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+    "sliding_window": 4096, "vocab_size": 256000})");
+  CHECK(config_error(dir, gemma2) == "<no error>");
+  const model_config g2 = load_hf_config(dir.path());
+  CHECK(g2.is_gemma());
+  CHECK_FALSE(g2.qk_norm);
+  CHECK(g2.tie_word_embeddings);  // Gemma's default
+  CHECK(g2.attn_logit_softcapping == 50.0);
+  CHECK(g2.final_logit_softcapping == 30.0);
+  CHECK(g2.query_pre_attn_scalar == 256.0);
+  CHECK(g2.rope_local_base_freq == 0.0);
+  CHECK(g2.layer_window(0) == 4096);  // even layers slide
+  CHECK(g2.layer_window(1) == 0);
+  CHECK(g2.layer_window(2) == 4096);
+  json g2_null = gemma2;
+  g2_null["attn_logit_softcapping"] = nullptr;
+  g2_null.erase("final_logit_softcapping");  // missing: transformers' default 30
+  CHECK(config_error(dir, g2_null) == "<no error>");
+  CHECK(load_hf_config(dir.path()).attn_logit_softcapping == 0.0);
+  CHECK(load_hf_config(dir.path()).final_logit_softcapping == 30.0);
+
+  const json gemma3 = json::parse(R"({
+    "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "attention_bias": false,
+    "attn_logit_softcapping": null, "final_logit_softcapping": null, "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152, "intermediate_size": 6912,
+    "max_position_embeddings": 32768, "num_attention_heads": 4, "num_hidden_layers": 7,
+    "num_key_value_heads": 1, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+    "rope_local_base_freq": 10000, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+    "rope_theta": 1000000, "sliding_window": 512, "sliding_window_pattern": 6,
+    "vocab_size": 262144})");
+  CHECK(config_error(dir, gemma3) == "<no error>");
+  const model_config g3 = load_hf_config(dir.path());
+  CHECK(g3.architecture == "Gemma3ForCausalLM");
+  CHECK(g3.qk_norm);
+  CHECK(g3.attn_logit_softcapping == 0.0);
+  CHECK(g3.final_logit_softcapping == 0.0);
+  CHECK(g3.rope_local_base_freq == 10000.0);
+  CHECK(g3.rope_scaling.rope_type == "linear");
+  for (index_t l = 0; l < 7; ++l) CHECK(g3.layer_window(l) == (l == 5 ? 0 : 512));
+  // layer_types wins over the pattern
+  json g3_types = gemma3;
+  g3_types["layer_types"] =
+      json::array({"full_attention", "sliding_attention", "full_attention", "full_attention",
+                   "full_attention", "full_attention", "sliding_attention"});
+  CHECK(config_error(dir, g3_types) == "<no error>");
+  CHECK(load_hf_config(dir.path()).layer_window(0) == 0);
+  CHECK(load_hf_config(dir.path()).layer_window(1) == 512);
+  // Gemma3ForConditionalGeneration: its text_config
+  json multi = {{"architectures", json::array({"Gemma3ForConditionalGeneration"})},
+                {"model_type", "gemma3"},
+                {"text_config", gemma3},
+                {"vision_config", {{"model_type", "siglip_vision_model"}}}};
+  multi["text_config"].erase("architectures");
+  CHECK(config_error(dir, multi) == "<no error>");
+  CHECK(load_hf_config(dir.path()).hidden_size == 1152);
+  multi.erase("text_config");
+  CHECK(contains(config_error(dir, multi), "text_config"));
+  // refused by name
+  json bad = gemma3;
+  bad["hidden_activation"] = "gelu";
+  CHECK(contains(config_error(dir, bad), "hidden_activation \"gelu\" is not supported"));
+  bad = gemma3;
+  bad["attention_bias"] = true;
+  CHECK(contains(config_error(dir, bad), "attention_bias"));
+  bad = gemma3;
+  bad["use_bidirectional_attention"] = true;
+  CHECK(contains(config_error(dir, bad), "use_bidirectional_attention"));
+  bad = gemma2;
+  bad["model_type"] = "gemma3_text";
+  CHECK(contains(config_error(dir, bad), "does not match architecture"));
+  // save_hf_config round trip
+  for (const model_config& c : {g2, g3}) {
+    save_hf_config(c, dir.path());
+    const model_config r = load_hf_config(dir.path());
+    CHECK(r.architecture == c.architecture);
+    CHECK(r.attn_logit_softcapping == c.attn_logit_softcapping);
+    CHECK(r.final_logit_softcapping == c.final_logit_softcapping);
+    CHECK(r.query_pre_attn_scalar == c.query_pre_attn_scalar);
+    CHECK(r.rope_local_base_freq == c.rope_local_base_freq);
+    CHECK(r.sliding_layers == c.sliding_layers);
+    CHECK(r.sliding_window == c.sliding_window);
+    CHECK(r.qk_norm == c.qk_norm);
+  }
+  // the Gemma-only fields on a Llama config are refused by name
+  model_config llama = load_hf_config(dir.path());
+  llama.architecture = "LlamaForCausalLM";
+  llama.qk_norm = false;
+  CHECK(contains(error_of([&] { llama.validate(); }), "query_pre_attn_scalar is set"));
+}
+
 TEST_CASE("config.json: unsupported options and malformed input are refused by name") {
   scratch_dir dir;
   const json llama = json::parse(tinyllama), q2 = json::parse(qwen25), q3 = json::parse(qwen3);

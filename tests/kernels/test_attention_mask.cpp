@@ -29,6 +29,7 @@ struct mask_case {
   index_t heads, kv_heads, hd, n, window;
   std::vector<index_t> doc_lengths;  ///< empty: one document of n positions
   index_t valid_len;                 ///< right padding (0: n)
+  double softcap = 0;                ///< Gemma 2's score soft-capping (0: none)
 };
 
 /// doc_start of every position for documents of the given lengths (their sum is n).
@@ -68,6 +69,7 @@ struct problem {
     mask.valid_len = c.valid_len > 0 ? c.valid_len : c.n;
     mask.window = c.window;
     mask.doc_start = docs;
+    mask.softcap = c.softcap;
   }
   T scale() const { return static_cast<T>(1.0 / std::sqrt(static_cast<double>(shape.head_dim))); }
 
@@ -121,13 +123,15 @@ std::vector<index_t> visible(const attention_mask& m, index_t p, index_t nk) {
 
 const std::vector<mask_case> kCases = {
     // heads kv hd n window docs valid
-    {2, 1, 4, 23, 5, {}, 0},              // a window, one document
-    {4, 2, 6, 31, 0, {7, 1, 12, 11}, 0},  // documents (one of length 1), no window
-    {4, 1, 8, 40, 6, {15, 3, 22}, 0},     // both: the window inside long documents
-    {2, 2, 3, 29, 4, {}, 20},             // a window and right padding
-    {8, 2, 4, 37, 2, {10, 27}, 0},        // window 2: a query and its predecessor
-    {4, 4, 8, 150, 17, {60, 90}, 0},      // several default tiles
-    {2, 1, 8, 50, 100, {}, 0},            // a window longer than the sequence: causal
+    {2, 1, 4, 23, 5, {}, 0},                   // a window, one document
+    {4, 2, 6, 31, 0, {7, 1, 12, 11}, 0},       // documents (one of length 1), no window
+    {4, 1, 8, 40, 6, {15, 3, 22}, 0},          // both: the window inside long documents
+    {2, 2, 3, 29, 4, {}, 20},                  // a window and right padding
+    {8, 2, 4, 37, 2, {10, 27}, 0},             // window 2: a query and its predecessor
+    {4, 4, 8, 150, 17, {60, 90}, 0},           // several default tiles
+    {2, 1, 8, 50, 100, {}, 0},                 // a window longer than the sequence: causal
+    {4, 2, 6, 31, 5, {7, 1, 12, 11}, 0, 0.8},  // soft-capped scores, window and documents
+    {2, 1, 8, 150, 0, {}, 120, 2.5},           // soft-capped, causal, padding, several tiles
 };
 
 /// Tilings: default, odd small tiles, bq < bk, bq > bk; each with both backward strategies.
@@ -166,7 +170,8 @@ TEST_CASE("reference attention under a mask equals a dense softmax over the visi
           double dot = 0;
           for (index_t x = 0; x < hd; ++x)
             dot += p.q.at(i, h * hd + x) * p.k.at(j, (h / group) * hd + x);
-          s.push_back(dot * p.scale());
+          const double sc = dot * p.scale();
+          s.push_back(c.softcap > 0 ? c.softcap * std::tanh(sc / c.softcap) : sc);
         }
         const double mx = *std::max_element(s.begin(), s.end());
         double sum = 0;
@@ -233,28 +238,47 @@ TEST_CASE_TEMPLATE("eigen attention under a mask matches the reference, whole an
 }
 
 TEST_CASE("eigen attention backward under a mask matches finite differences (double)") {
-  const mask_case cases[] = {
-      {4, 2, 3, 11, 3, {}, 0}, {2, 1, 4, 10, 0, {4, 1, 5}, 0}, {2, 2, 2, 12, 4, {7, 5}, 9}};
+  const mask_case cases[] = {{4, 2, 3, 11, 3, {}, 0},
+                             {2, 1, 4, 10, 0, {4, 1, 5}, 0},
+                             {2, 2, 2, 12, 4, {7, 5}, 9},
+                             {4, 2, 3, 11, 4, {}, 0, 0.6},  // soft-capped scores (Gemma 2)
+                             {2, 1, 4, 10, 0, {4, 6}, 8, 1.5}};
   for (const auto& c : cases) {
     CAPTURE(c.n);
-    for (const auto strategy :
-         {attention_backward_strategy::thread_partials, attention_backward_strategy::two_pass}) {
+    CAPTURE(c.softcap);
+    // the two eigen strategies, then (index 2) the reference backend
+    for (const int variant : {0, 1, 2}) {
+      CAPTURE(variant);
       eigen_backend_options opt;
       opt.attention_tile_q = 2;
       opt.attention_tile_k = 3;
-      opt.attention_backward = strategy;
-      eigen_backend<double> eig(opt);
+      opt.attention_backward = variant == 0 ? attention_backward_strategy::thread_partials
+                                            : attention_backward_strategy::two_pass;
+      eigen_backend<double> eig_backend(opt);
+      reference_backend<double> ref_backend;
+      auto run_forward = [&](problem<double>& pr) {
+        if (variant == 2)
+          pr.forward(ref_backend);
+        else
+          pr.forward(eig_backend);
+      };
+      auto run_backward = [&](problem<double>& pr) {
+        if (variant == 2)
+          pr.backward(ref_backend);
+        else
+          pr.backward(eig_backend);
+      };
       problem<double> p(c, 91);
       const auto weights = p.d_o;  // L = sum(weights * O): dO = weights
       auto loss = [&]() {
-        p.forward(eig);
+        run_forward(p);
         double sum = 0;
         for (index_t i = 0; i < c.n; ++i)
           for (index_t j = 0; j < p.o.cols; ++j) sum += weights.at(i, j) * p.o.at(i, j);
         return sum;
       };
       loss();
-      p.backward(eig);
+      run_backward(p);
       auto numeric = [&](padded<double>& buf) {
         padded<double> g(buf.rows, buf.cols);
         const double h = 1e-6;

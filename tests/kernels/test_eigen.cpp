@@ -279,6 +279,41 @@ TEST_CASE_TEMPLATE("eigen swiglu forward and backward", T, float, double) {
   }
 }
 
+TEST_CASE_TEMPLATE("eigen geglu and logit soft-capping match the reference", T, float, double) {
+  eigen_backend<T> eig;
+  reference_backend<T> ref;
+  for (const auto& case_ : {std::pair<index_t, index_t>{1, 1}, {9, 35}, {70, 600}}) {
+    const auto n = std::get<0>(case_);
+    const auto f = std::get<1>(case_);
+    const auto gate = padded<T>::random(n, f, 40, 2, -8, 8);
+    const auto up = padded<T>::random(n, f, 41, 1);
+    padded<T> o_ref(n, f, 3), o_eig(n, f, 3);
+    ref.geglu_forward(gate.cview(), up.cview(), o_ref.view());
+    eig.geglu_forward(gate.cview(), up.cview(), o_eig.view());
+    check_matches(o_eig, o_ref, "geglu_forward");
+    const auto dout = padded<T>::random(n, f, 42);
+    auto dg_ref = padded<T>::random(n, f, 43, 1);
+    auto du_ref = padded<T>::random(n, f, 44, 2);
+    auto dg_eig = dg_ref;
+    auto du_eig = du_ref;
+    ref.geglu_backward(gate.cview(), up.cview(), dout.cview(), dg_ref.view(), du_ref.view());
+    eig.geglu_backward(gate.cview(), up.cview(), dout.cview(), dg_eig.view(), du_eig.view());
+    check_matches(dg_eig, dg_ref, "geglu dgate");
+    check_matches(du_eig, du_ref, "geglu dup");
+    // soft-capping in place (logits of +-40 against cap 30 reach the flat part of tanh)
+    auto z_ref = padded<T>::random(n, f, 45, 2, -40, 40);
+    auto z_eig = z_ref;
+    ref.logit_softcap_forward(z_ref.view(), T(30));
+    eig.logit_softcap_forward(z_eig.view(), T(30));
+    check_matches(z_eig, z_ref, "logit_softcap_forward");
+    auto dz_ref = padded<T>::random(n, f, 46, 1);
+    auto dz_eig = dz_ref;
+    ref.logit_softcap_backward(z_ref.cview(), dz_ref.view(), T(30));
+    eig.logit_softcap_backward(z_ref.cview(), dz_eig.view(), T(30));
+    check_matches(dz_eig, dz_ref, "logit_softcap_backward");
+  }
+}
+
 TEST_CASE_TEMPLATE("eigen cross-entropy forward and backward (tau, ignored rows, big logits)", T,
                    float, double) {
   eigen_backend<T> eig;

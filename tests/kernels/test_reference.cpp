@@ -343,6 +343,52 @@ TEST_CASE("swiglu forward matches the formula, backward matches finite differenc
   CHECK(max_rel_diff(dup.v, numeric_grad(up.v, f)) < grad_tol);
 }
 
+TEST_CASE("geglu forward matches the formula, backward matches finite differences") {
+  reference_backend<double> be;
+  const index_t n = 4, f_dim = 9;
+  dmat gate = dmat::random(n, f_dim, 30, -4, 4), up = dmat::random(n, f_dim, 31);
+  dmat out(n, f_dim);
+  be.geglu_forward(gate.cview(), up.cview(), out.view());
+  const double pi = 3.14159265358979323846;
+  for (std::size_t i = 0; i < out.v.size(); ++i) {
+    const double g = gate.v[i];  // PyTorch's gelu(approximate="tanh"), written out
+    const double gelu = 0.5 * g * (1 + std::tanh(std::sqrt(2 / pi) * (g + 0.044715 * g * g * g)));
+    CHECK(out.v[i] == doctest::Approx(gelu * up.v[i]).epsilon(1e-14));
+  }
+  const dmat w = dmat::random(n, f_dim, 32);
+  auto f = [&] {
+    dmat o(n, f_dim);
+    be.geglu_forward(gate.cview(), up.cview(), o.view());
+    return weighted_sum(w.v, o.v);
+  };
+  dmat dgate(n, f_dim), dup(n, f_dim);
+  be.geglu_backward(gate.cview(), up.cview(), w.cview(), dgate.view(), dup.view());
+  CHECK(max_rel_diff(dgate.v, numeric_grad(gate.v, f)) < grad_tol);
+  CHECK(max_rel_diff(dup.v, numeric_grad(up.v, f)) < grad_tol);
+}
+
+TEST_CASE("logit soft-capping: cap tanh(z / cap), backward matches finite differences") {
+  reference_backend<double> be;
+  const index_t n = 3, v = 8;
+  const double cap = 2.5;
+  dmat z = dmat::random(n, v, 34, -6, 6);
+  dmat y = z;
+  be.logit_softcap_forward(y.view(), cap);
+  for (std::size_t i = 0; i < y.v.size(); ++i)
+    CHECK(y.v[i] == doctest::Approx(cap * std::tanh(z.v[i] / cap)).epsilon(1e-14));
+  const dmat w = dmat::random(n, v, 35);
+  auto f = [&] {
+    dmat o = z;
+    be.logit_softcap_forward(o.view(), cap);
+    return weighted_sum(w.v, o.v);
+  };
+  dmat dz = w;  // dL/dy = w
+  be.logit_softcap_backward(y.cview(), dz.view(), cap);
+  CHECK(max_rel_diff(dz.v, numeric_grad(z.v, f)) < grad_tol);
+  CHECK_THROWS_WITH_AS(be.logit_softcap_forward(y.view(), 0.0),
+                       doctest::Contains("logit_softcap_forward: cap is 0"), error);
+}
+
 TEST_CASE("xent forward matches a naive log-softmax, backward matches finite differences") {
   reference_backend<double> be;
   const index_t n = 5, vocab = 7;

@@ -16,6 +16,12 @@ dynamic NTK rope, and a packed batch (position_ids, documents restarting at 0) w
 runs every document alone. The rope scalings are written here from their definitions
 (transformers' ROPE_INIT_FUNCTIONS), in float64.
 
+Then a Gemma 2 style model (attention and final logit soft-capping, even layers sliding) and a
+Gemma 3 style model (q/k-norm, 2 local : 1 global layers, a local RoPE base, linear scaling on the
+global layer), written here after transformers' Gemma2/Gemma3 modules: RMSNorm scaled by (1 + w),
+the embedding times sqrt(hidden_size), pre- and post-norms around attention and MLP, GELU (tanh)
+gated MLP, query_pre_attn_scalar, tied embeddings; SFT under every schedule, chunk < window < T.
+
 usage: cross_check.py PATH_TO_TIGHTFIT [WORKDIR]
 """
 import json
@@ -90,9 +96,9 @@ class Model(torch.nn.Module):
     def rms(self, x, w):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg["rms_norm_eps"]) * w
 
-    def rope_params(self, seq_len):
+    def rope_params(self, seq_len, c=None):
         """inv_freq (hd/2) and the cos/sin scaling of the config's rope_scaling."""
-        c, hd = self.cfg, self.head_dim
+        c, hd = c or self.cfg, self.head_dim
         theta = c["rope_theta"]
         inv = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
         rs = c.get("rope_scaling") or {"rope_type": "default"}
@@ -137,9 +143,9 @@ class Model(torch.nn.Module):
             return inv / factor * (1 - keep) + inv * keep, scaling
         raise ValueError(kind)
 
-    def rope(self, x, pos):  # x (B, heads, T, hd), pos (B, T) positions
+    def rope(self, x, pos, c=None):  # x (B, heads, T, hd), pos (B, T) positions
         hd = x.shape[-1]
-        inv, scaling = self.rope_params(int(pos.max().item()) + 1)
+        inv, scaling = self.rope_params(int(pos.max().item()) + 1, c)
         ang = pos.to(torch.float64)[:, :, None] * inv[None, None, :]  # (B, T, hd/2)
         emb = torch.cat([ang, ang], dim=-1)[:, None, :, :]
         x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
@@ -201,6 +207,109 @@ class Model(torch.nn.Module):
         x = self.rms(x, P["model.norm.weight"])
         head = P["model.embed_tokens.weight"] if c["tie_word_embeddings"] else P["lm_head.weight"]
         return x @ head.T
+
+
+class GemmaModel(Model):
+    """Gemma 2 / Gemma 3 (text) after transformers' modeling_gemma2.py / modeling_gemma3.py."""
+
+    def __init__(self, cfg, seed):
+        torch.nn.Module.__init__(self)
+        g = torch.Generator().manual_seed(seed)
+        self.cfg = cfg
+        d, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+        h, hkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+        self.head_dim = hd
+        self.gemma3 = cfg["architectures"][0] == "Gemma3ForCausalLM"
+        p = {}
+
+        def mat(*shape):
+            return torch.randn(*shape, generator=g) * 0.3
+
+        def norm(n):  # stored w of the (1 + w) scale
+            return 0.2 * torch.randn(n, generator=g)
+
+        p["model.embed_tokens.weight"] = mat(v, d)
+        for l in range(cfg["num_hidden_layers"]):
+            pre = f"model.layers.{l}."
+            p[pre + "input_layernorm.weight"] = norm(d)
+            p[pre + "self_attn.q_proj.weight"] = mat(h * hd, d)
+            p[pre + "self_attn.k_proj.weight"] = mat(hkv * hd, d)
+            p[pre + "self_attn.v_proj.weight"] = mat(hkv * hd, d)
+            p[pre + "self_attn.o_proj.weight"] = mat(d, h * hd)
+            if self.gemma3:
+                p[pre + "self_attn.q_norm.weight"] = norm(hd)
+                p[pre + "self_attn.k_norm.weight"] = norm(hd)
+            for n in ("post_attention_layernorm", "pre_feedforward_layernorm",
+                      "post_feedforward_layernorm"):
+                p[pre + n + ".weight"] = norm(d)
+            p[pre + "mlp.gate_proj.weight"] = mat(f, d)
+            p[pre + "mlp.up_proj.weight"] = mat(f, d)
+            p[pre + "mlp.down_proj.weight"] = mat(d, f)
+        p["model.norm.weight"] = norm(d)
+        self.params = {k: torch.nn.Parameter(t) for k, t in p.items()}
+
+    def rms(self, x, w):  # Gemma's RMSNorm: (1 + w)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg["rms_norm_eps"]) * (1 + w)
+
+    def window(self, l):
+        c = self.cfg
+        if self.gemma3:
+            sliding = (l + 1) % c["sliding_window_pattern"] != 0
+        else:
+            sliding = (l + 1) % 2 != 0  # layers 0, 2, ... are local
+        return c["sliding_window"] if sliding else 0
+
+    def logits(self, ids, lengths, positions=None):
+        c, P = self.cfg, self.params
+        B, T = ids.shape
+        h, hkv, hd = c["num_attention_heads"], c["num_key_value_heads"], self.head_dim
+        x = P["model.embed_tokens.weight"][ids] * torch.tensor(c["hidden_size"] ** 0.5)
+        pos = torch.arange(T)
+        if positions is None:
+            positions = pos[None, :].expand(B, T)
+        causal = (pos[None, :] <= pos[:, None])[None, :, :] & (pos[None, None, :] < lengths[:, None, None])
+        softcap = c.get("attn_logit_softcapping")
+        for l in range(c["num_hidden_layers"]):
+            mask = causal
+            rope_cfg = c
+            if self.window(l) > 0:
+                mask = mask & (pos[:, None] - pos[None, :] < self.window(l))[None, :, :]
+                last = torch.minimum(pos[None, :], lengths[:, None] - 1)  # see Model.logits
+                empty = ~mask.any(-1)
+                mask = mask | (empty[:, :, None] & (pos[None, None, :] == last[:, :, None]))
+                if self.gemma3:  # local layers: rope_local_base_freq, default rope
+                    rope_cfg = dict(c, rope_theta=c["rope_local_base_freq"], rope_scaling=None)
+            pre = f"model.layers.{l}."
+
+            def linear(name, inp):
+                return torch.nn.functional.linear(inp, P[pre + name + ".weight"])
+
+            a = self.rms(x, P[pre + "input_layernorm.weight"])
+            q = linear("self_attn.q_proj", a).view(B, T, h, hd).transpose(1, 2)
+            k = linear("self_attn.k_proj", a).view(B, T, hkv, hd).transpose(1, 2)
+            v = linear("self_attn.v_proj", a).view(B, T, hkv, hd).transpose(1, 2)
+            if self.gemma3:
+                q = self.rms(q, P[pre + "self_attn.q_norm.weight"])
+                k = self.rms(k, P[pre + "self_attn.k_norm.weight"])
+            q, k = self.rope(q, positions, rope_cfg), self.rope(k, positions, rope_cfg)
+            k = k.repeat_interleave(h // hkv, dim=1)
+            v = v.repeat_interleave(h // hkv, dim=1)
+            s = (q @ k.transpose(-1, -2)) * c["query_pre_attn_scalar"] ** -0.5
+            if softcap:
+                s = torch.tanh(s / softcap) * softcap
+            s = s.masked_fill(~mask[:, None, :, :], float("-inf"))
+            o = (s.softmax(-1) @ v).transpose(1, 2).reshape(B, T, h * hd)
+            x = x + self.rms(linear("self_attn.o_proj", o), P[pre + "post_attention_layernorm.weight"])
+            m = self.rms(x, P[pre + "pre_feedforward_layernorm.weight"])
+            act = (torch.nn.functional.gelu(linear("mlp.gate_proj", m), approximate="tanh")
+                   * linear("mlp.up_proj", m))
+            x = x + self.rms(linear("mlp.down_proj", act), P[pre + "post_feedforward_layernorm.weight"])
+        x = self.rms(x, P["model.norm.weight"])
+        logits = x @ P["model.embed_tokens.weight"].T
+        cap = c.get("final_logit_softcapping")
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
 
 def token_logprobs(model, ids, labels, lengths, tau):
@@ -481,11 +590,26 @@ def scaled_and_packed(tool, work, worst):
                              max_position_embeddings=16,
                              rope_scaling=dict(type="dynamic", factor=2.0)),
     }
+    gemma = dict(vocab_size=43, hidden_size=24, intermediate_size=32, num_hidden_layers=3,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=12, rms_norm_eps=1e-6,
+                 hidden_activation="gelu_pytorch_tanh", max_position_embeddings=64,
+                 attention_bias=False, sliding_window=6)
+    configs.update({
+        "gemma2": dict(gemma, architectures=["Gemma2ForCausalLM"], model_type="gemma2",
+                       hidden_act="gelu_pytorch_tanh", rope_theta=100.0,
+                       query_pre_attn_scalar=10, attn_logit_softcapping=3.0,
+                       final_logit_softcapping=5.0),
+        "gemma3": dict(gemma, architectures=["Gemma3ForCausalLM"], model_type="gemma3_text",
+                       rope_theta=1000.0, rope_local_base_freq=50.0,
+                       rope_scaling=dict(rope_type="linear", factor=4.0),
+                       query_pre_attn_scalar=16, sliding_window_pattern=3,
+                       attn_logit_softcapping=None, final_logit_softcapping=None),
+    })
     checks = 0
     for name, cfg in configs.items():
         model_dir = os.path.join(work, name)
         os.makedirs(model_dir, exist_ok=True)
-        model = Model(cfg, seed=3 + len(name))
+        model = (GemmaModel if name.startswith("gemma") else Model)(cfg, seed=3 + len(name))
         with open(os.path.join(model_dir, "config.json"), "w") as f:
             json.dump(cfg, f)
         st.save(os.path.join(model_dir, "model.safetensors"),

@@ -84,7 +84,8 @@ TEST_CASE("every preset is a valid configuration the planner accepts") {
     CAPTURE(name);
     const model_config c = preset_config(name);
     c.validate();
-    CHECK(c.qk_norm == (c.architecture == "Qwen3ForCausalLM"));
+    CHECK(c.qk_norm ==
+          (c.architecture == "Qwen3ForCausalLM" || c.architecture == "Gemma3ForCausalLM"));
     CHECK(c.qkv_bias == (c.architecture == "Qwen2ForCausalLM"));
     backward_options o;
     o.sched = backward_schedule::stream;
@@ -92,6 +93,16 @@ TEST_CASE("every preset is a valid configuration the planner accepts") {
     CHECK(predict_peak_activation_bytes<float>(c, 1, 256, o, sft_loss{}) > 0);
   }
   CHECK_THROWS_AS(preset_config("gpt2"), error);
+  // the planner's default layer follows the config: gemma3-4b is priced with gemma_layer
+  const model_config g = preset_config("gemma3-4b");
+  backward_options o;
+  o.chunk = 64;
+  CHECK(predict_peak_activation_bytes<float>(g, 1, 256, o, sft_loss{}) ==
+        predict_peak_activation_bytes<float, gemma_layer>(g, 1, 256, o, sft_loss{}));
+  auto llama_layer = [&] {
+    return predict_peak_activation_bytes<float, decoder_layer>(g, 1, 256, o, sft_loss{});
+  };
+  CHECK_THROWS_WITH_AS(llama_layer(), doctest::Contains("needs the Gemma layer"), error);
 }
 
 TEST_CASE("layer-input spacing: exact gradients for every k, measured peak == prediction") {

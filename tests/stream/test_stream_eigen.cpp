@@ -11,6 +11,7 @@
 #include "stream_testing.hpp"
 #include "support/testing.hpp"
 #include "tightfit/backend/eigen.hpp"
+#include "tightfit/nn/gemma_layer.hpp"
 #include "tightfit/stream/planner.hpp"
 
 using namespace tightfit;
@@ -132,5 +133,60 @@ TEST_CASE("eigen backend: windows, yarn rope and packed documents equal the refe
     CHECK(std::abs(got.first - expected.first) <= 1e-12 * std::abs(expected.first));
     for (std::size_t i = 0; i < got.second.size(); ++i)
       CHECK(tightfit::testing::max_rel_diff(got.second[i], expected.second[i], 1e-12) < 1e-10);
+  }
+}
+
+TEST_CASE("eigen backend: the Gemma layer under every schedule equals the reference backend") {
+  // Gemma 2 style (soft-capped scores and logits) and Gemma 3 style (q/k-norm, local rope),
+  // T = 150 over several attention tiles, window 40 on the sliding layers, chunks 37 and 64
+  for (const bool gemma2 : {false, true}) {
+    CAPTURE(gemma2);
+    auto cfg = tiny_config(8, 2, !gemma2, true, 2);
+    cfg.architecture = gemma2 ? "Gemma2ForCausalLM" : "Gemma3ForCausalLM";
+    cfg.head_dim = 16;
+    cfg.hidden_size = 40;
+    cfg.sliding_window = 40;
+    cfg.sliding_layers = {true, false};
+    cfg.query_pre_attn_scalar = 12;
+    if (gemma2) {
+      cfg.attn_logit_softcapping = 1.5;
+      cfg.final_logit_softcapping = 2.5;
+    } else {
+      cfg.rope_local_base_freq = 500;
+    }
+    using ref = reference_backend<double>;
+    const random_batch batch(2, 150, cfg.vocab_size, {150, 97}, 5);
+    auto run = [&](auto& be, backward_schedule s, index_t chunk) {
+      using B = std::remove_reference_t<decltype(be)>;
+      decoder_model<B, gemma_layer<B>> model(be, cfg);
+      model.init_random(7, 0.3, 0.2);
+      sft_loss loss;
+      backward_options o;
+      o.sched = s;
+      o.chunk = chunk;
+      const double l = compute_gradients(model, batch.view(), loss, o).loss;
+      return std::make_pair(l, grads_of(model.parameters()));
+    };
+    ref rb;
+    const auto expected = run(rb, backward_schedule::full, 150);
+    for (backward_schedule s :
+         {backward_schedule::full, backward_schedule::checkpoint, backward_schedule::stream}) {
+      for (index_t chunk : {index_t{37}, index_t{64}}) {
+        if (s != backward_schedule::stream && chunk != 37) continue;
+        const std::string name = to_string(s);
+        CAPTURE(name);
+        CAPTURE(chunk);
+        eigen_backend<double> be;
+        const auto got = run(be, s, chunk);
+        CHECK(std::abs(got.first - expected.first) <= 1e-12 * std::abs(expected.first));
+        for (std::size_t i = 0; i < got.second.size(); ++i)
+          CHECK(tightfit::testing::max_rel_diff(got.second[i], expected.second[i], 1e-12) < 1e-10);
+      }
+    }
+    eigen_backend<float> fb;
+    const auto f = run(fb, backward_schedule::stream, 37);
+    CHECK(std::abs(f.first - expected.first) <= 1e-4 * std::abs(expected.first));
+    for (std::size_t i = 0; i < f.second.size(); ++i)
+      CHECK(tightfit::testing::max_rel_diff(f.second[i], expected.second[i]) < 1e-4);
   }
 }

@@ -6,6 +6,7 @@
 //   StorageBackend      allocate (a Buffer), upload / download, memory(), stats()
 //   DenseBackend        + gemm, gemm_batched, axpy, scale, fill, copy
 //   TransformerBackend  + embedding, RMSNorm, RoPE, SwiGLU, attention, cross-entropy
+//   GemmaBackend        TransformerBackend + GELU-tanh GLU, logit soft-capping (Gemma 2 / 3)
 //   OptimizerBackend    DenseBackend + adam_update, sgd_update
 //   Backend             TransformerBackend and OptimizerBackend (the whole set)
 // Tensors are stored as storage_t<B> (B::storage_type, defaulting to B::value_type); scalars and
@@ -24,7 +25,7 @@
 //    attends keys j in [first_key(p), p] with j < K.rows and j < valid_len (right padding);
 //    first_key adds a sliding window and document boundaries (packed sequences). GQA: query
 //    head h reads kv head h / (heads / kv_heads). lse is (Q.rows, heads):
-//    log sum_j exp(scale * q.k_j).
+//    log sum_j exp(s_j), s_j = scale * q.k_j, or cap tanh(s_j / cap) with mask.softcap = cap.
 //  - RoPE takes rope_args: positions (pos0 + i, or one per row for packed sequences), the
 //    inverse frequencies (nn/rope.hpp computes Hugging Face's scaled ones) and the yarn
 //    attention scaling of cos and sin.
@@ -75,6 +76,10 @@ struct attention_mask {
   /// Empty: one document. Else at least q0 + Q.rows entries: doc_start[p] is the first position
   /// of p's document (non-decreasing, doc_start[p] <= p); query p sees no key before it.
   std::span<const index_t> doc_start{};
+  /// Not a mask but the score transform of the same call (Gemma 2's attn_logit_softcapping):
+  /// 0: none; cap > 0: scores s = scale q.k become cap tanh(s / cap) before the softmax, and
+  /// lse is over the capped scores.
+  double softcap = 0;
 
   /// max(0, p - W + 1, doc_start[p]): the first key query p may see.
   index_t first_key(index_t p) const {
@@ -228,7 +233,22 @@ concept TransformerBackend = DenseBackend<B> &&
   be.xent_backward(m, ids, cs, cs, a);      // logits -> dlogits in place; lse, coeff, tau
 };
 
-/// The optimizer updates over flat spans (what optim/ calls), plus the dense kernels that
+/// The kernels the Gemma 2 / Gemma 3 decoder (nn/gemma_layer.hpp) needs beyond
+/// TransformerBackend: the GELU-tanh gated MLP and the final logits' soft-capping. Attention
+/// soft-capping is attention_mask::softcap, honoured by every shipped backend's attention.
+template <class B>
+concept GemmaBackend = TransformerBackend<B> &&
+    requires(B& be, accum_t<B> a, matrix_view<storage_t<B>> m,
+             matrix_view<const storage_t<B>> cm) {
+  // GeGLU: out = gelu_tanh(gate) * up (PyTorch's gelu(approximate="tanh"))
+  be.geglu_forward(cm, cm, m);
+  be.geglu_backward(cm, cm, cm, m, m);  // gate, up, dout, dgate +=, dup +=
+  // in place: x = cap tanh(x / cap); backward: dx *= 1 - (capped / cap)^2 given capped
+  be.logit_softcap_forward(m, a);
+  be.logit_softcap_backward(cm, m, a);
+};
+
+/// The optimizer updates over flat spans/// The optimizer updates over flat spans (what optim/ calls), plus the dense kernels that
 /// clipping and zeroing use.
 template <class B>
 concept OptimizerBackend = DenseBackend<B> &&

@@ -316,6 +316,49 @@ requires(std::is_same_v<Storage, float> ||
     launched("swiglu_backward");
   }
 
+  // ---- GELU-tanh gated MLP and logit soft-capping (Gemma) -----------------------------------
+
+  void geglu_forward(matrix_view<const S> gate, matrix_view<const S> up, matrix_view<S> out) {
+    detail::check_swiglu_forward(gate, up, out, "geglu_forward");
+    if (gate.empty()) return;
+    ctx_.ensure();
+    detail::cuda_k::geglu_forward_kernel<S>
+        <<<elementwise_grid(gate.size()), 256, 0, ctx_.stream()>>>(
+            gate.data, gate.stride, up.data, up.stride, out.data, out.stride, gate.rows, gate.cols);
+    launched("geglu_forward");
+  }
+
+  void geglu_backward(matrix_view<const S> gate, matrix_view<const S> up, matrix_view<const S> dout,
+                      matrix_view<S> dgate, matrix_view<S> dup) {
+    detail::check_swiglu_backward(gate, up, dout, dgate, dup, "geglu_backward");
+    if (gate.empty()) return;
+    ctx_.ensure();
+    detail::cuda_k::geglu_backward_kernel<S>
+        <<<elementwise_grid(gate.size()), 256, 0, ctx_.stream()>>>(
+            gate.data, gate.stride, up.data, up.stride, dout.data, dout.stride, dgate.data,
+            dgate.stride, dup.data, dup.stride, gate.rows, gate.cols);
+    launched("geglu_backward");
+  }
+
+  void logit_softcap_forward(matrix_view<S> x, value_type cap) {
+    detail::check_softcap("logit_softcap_forward", x, static_cast<double>(cap));
+    if (x.empty()) return;
+    ctx_.ensure();
+    detail::cuda_k::logit_softcap_kernel<S><<<elementwise_grid(x.size()), 256, 0, ctx_.stream()>>>(
+        x.data, x.stride, x.data, x.stride, x.rows, x.cols, static_cast<float>(cap), false);
+    launched("logit_softcap_forward");
+  }
+
+  void logit_softcap_backward(matrix_view<const S> capped, matrix_view<S> dx, value_type cap) {
+    detail::check_softcap_backward(capped, dx, static_cast<double>(cap));
+    if (dx.empty()) return;
+    ctx_.ensure();
+    detail::cuda_k::logit_softcap_kernel<S><<<elementwise_grid(dx.size()), 256, 0, ctx_.stream()>>>(
+        capped.data, capped.stride, dx.data, dx.stride, dx.rows, dx.cols, static_cast<float>(cap),
+        true);
+    launched("logit_softcap_backward");
+  }
+
   // ---- attention ----------------------------------------------------------------------------
 
   /// Causal GQA flash attention forward (contract: reference_backend::attention_forward).
@@ -517,6 +560,7 @@ requires(std::is_same_v<Storage, float> ||
     a.group = s.heads / s.kv_heads;
     a.hd = s.head_dim;
     a.scale = scale;
+    a.softcap = static_cast<float>(m.softcap);
     return a;
   }
 

@@ -235,6 +235,38 @@ class eigen_backend : public detail::host_storage<T> {
     });
   }
 
+  // ---- GELU-tanh gated MLP and logit soft-capping (Gemma) ------------------------------------
+
+  /// out = gelu_tanh(gate) * up; all (n, f).
+  void geglu_forward(matrix_view<const T> gate, matrix_view<const T> up, matrix_view<T> out) {
+    arena_.run([&] {
+      detail::check_swiglu_forward(gate, up, out, "geglu_forward");
+      detail::geglu_forward(gate, up, out);
+    });
+  }
+  /// dgate += dout * up * gelu_tanh'(gate), dup += dout * gelu_tanh(gate).
+  void geglu_backward(matrix_view<const T> gate, matrix_view<const T> up, matrix_view<const T> dout,
+                      matrix_view<T> dgate, matrix_view<T> dup) {
+    arena_.run([&] {
+      detail::check_swiglu_backward(gate, up, dout, dgate, dup, "geglu_backward");
+      detail::geglu_backward(gate, up, dout, dgate, dup);
+    });
+  }
+  /// In place: x <- cap tanh(x / cap).
+  void logit_softcap_forward(matrix_view<T> x, T cap) {
+    arena_.run([&] {
+      detail::check_softcap("logit_softcap_forward", x, static_cast<double>(cap));
+      detail::logit_softcap_forward(x, cap);
+    });
+  }
+  /// In place: dx <- dx (1 - (capped / cap)^2).
+  void logit_softcap_backward(matrix_view<const T> capped, matrix_view<T> dx, T cap) {
+    arena_.run([&] {
+      detail::check_softcap_backward(capped, dx, static_cast<double>(cap));
+      detail::logit_softcap_backward(capped, dx, cap);
+    });
+  }
+
   // ---- attention -----------------------------------------------------------------------------
 
   /// Causal flash attention of Q rows (positions mask.q0 + r) against keys [0, K.rows) under

@@ -61,6 +61,11 @@ class meta_backend {
   void swiglu_forward(matrix_view<const T>, matrix_view<const T>, matrix_view<T>) {}
   void swiglu_backward(matrix_view<const T>, matrix_view<const T>, matrix_view<const T>,
                        matrix_view<T>, matrix_view<T>) {}
+  void geglu_forward(matrix_view<const T>, matrix_view<const T>, matrix_view<T>) {}
+  void geglu_backward(matrix_view<const T>, matrix_view<const T>, matrix_view<const T>,
+                      matrix_view<T>, matrix_view<T>) {}
+  void logit_softcap_forward(matrix_view<T>, T) {}
+  void logit_softcap_backward(matrix_view<const T>, matrix_view<T>, T) {}
   void attention_forward(attention_shape, matrix_view<const T>, matrix_view<const T>,
                          matrix_view<const T>, const attention_mask&, T, matrix_view<T>,
                          matrix_view<T>) {}

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "tightfit/backend/concept.hpp"
+#include "tightfit/backend/detail/gelu.hpp"
 #include "tightfit/backend/detail/host_storage.hpp"
 #include "tightfit/backend/detail/reference_checks.hpp"
 #include "tightfit/core/error.hpp"
@@ -219,13 +220,61 @@ class reference_backend : public detail::host_storage<T> {
       }
   }
 
+  // ---- GELU-tanh gated MLP and logit soft-capping (Gemma) -----------------------------------
+
+  /// out = gelu_tanh(gate) * up (detail/gelu.hpp); all (n, f).
+  void geglu_forward(matrix_view<const T> gate, matrix_view<const T> up, matrix_view<T> out) {
+    detail::check_swiglu_forward(gate, up, out, "geglu_forward");
+    for (index_t i = 0; i < gate.rows; ++i)
+      for (index_t j = 0; j < gate.cols; ++j) {
+        const double g = static_cast<double>(gate(i, j));
+        out(i, j) = static_cast<T>(detail::gelu_tanh(g) * static_cast<double>(up(i, j)));
+      }
+  }
+
+  /// dgate += dout * up * gelu_tanh'(gate), dup += dout * gelu_tanh(gate).
+  void geglu_backward(matrix_view<const T> gate, matrix_view<const T> up, matrix_view<const T> dout,
+                      matrix_view<T> dgate, matrix_view<T> dup) {
+    detail::check_swiglu_backward(gate, up, dout, dgate, dup, "geglu_backward");
+    for (index_t i = 0; i < gate.rows; ++i)
+      for (index_t j = 0; j < gate.cols; ++j) {
+        const double g = static_cast<double>(gate(i, j));
+        const double d = static_cast<double>(dout(i, j));
+        dgate(i, j) = static_cast<T>(static_cast<double>(dgate(i, j)) +
+                                     d * static_cast<double>(up(i, j)) * detail::gelu_tanh_grad(g));
+        dup(i, j) = static_cast<T>(static_cast<double>(dup(i, j)) + d * detail::gelu_tanh(g));
+      }
+  }
+
+  /// In place: x <- cap tanh(x / cap) (Gemma's final logit soft-capping), cap > 0.
+  void logit_softcap_forward(matrix_view<T> x, T cap) {
+    detail::check_softcap("logit_softcap_forward", x, static_cast<double>(cap));
+    const auto c = static_cast<double>(cap);
+    for (index_t i = 0; i < x.rows; ++i)
+      for (index_t j = 0; j < x.cols; ++j)
+        x(i, j) = static_cast<T>(c * std::tanh(static_cast<double>(x(i, j)) / c));
+  }
+
+  /// In place: dx <- dx (1 - (capped / cap)^2), the backward of logit_softcap_forward given its
+  /// output `capped`.
+  void logit_softcap_backward(matrix_view<const T> capped, matrix_view<T> dx, T cap) {
+    detail::check_softcap_backward(capped, dx, static_cast<double>(cap));
+    const auto c = static_cast<double>(cap);
+    for (index_t i = 0; i < dx.rows; ++i)
+      for (index_t j = 0; j < dx.cols; ++j) {
+        const double y = static_cast<double>(capped(i, j)) / c;
+        dx(i, j) = static_cast<T>(static_cast<double>(dx(i, j)) * (1 - y * y));
+      }
+  }
+
   // ---- attention ----------------------------------------------------------------------------
 
   /// Causal grouped-query attention of one sequence. Q (nq, heads*hd) holds positions
   /// q0..q0+nq-1; K, V (nk, kv_heads*hd) hold positions 0..nk-1. Query at position p, head h
   /// attends keys j in [mask.begin_key(p, nk), mask.last_key(p, nk)] (causal, window, document,
   /// valid_len) through kv head h / (heads / kv_heads):
-  /// s_j = scale * q.k_j, O row = softmax(s) V, lse(i, h) = log sum_j exp(s_j).
+  /// s_j = scale * q.k_j (soft-capped to cap tanh(s_j / cap) when mask.softcap = cap > 0),
+  /// O row = softmax(s) V, lse(i, h) = log sum_j exp(s_j).
   /// O (nq, heads*hd), lse (nq, heads) are overwritten.
   void attention_forward(const attention_shape& shape, matrix_view<const T> q,
                          matrix_view<const T> k, matrix_view<const T> v, const attention_mask& mask,
@@ -243,7 +292,8 @@ class reference_backend : public detail::host_storage<T> {
         const index_t qc = h * hd, kc = (h / group) * hd;  // column offsets in Q and K/V
         double mx = -std::numeric_limits<double>::infinity();
         for (index_t j = lo; j < limit; ++j) {
-          const double sj = static_cast<double>(scale) * dot(q.row(i) + qc, k.row(j) + kc, hd);
+          const double sj =
+              capped(mask, static_cast<double>(scale) * dot(q.row(i) + qc, k.row(j) + kc, hd));
           s[static_cast<std::size_t>(j)] = sj;
           mx = std::max(mx, sj);
         }
@@ -269,7 +319,7 @@ class reference_backend : public detail::host_storage<T> {
   /// Exact gradient of attention_forward given its O and lse. With P_j = exp(s_j - lse) and
   /// D = dO.O (per row and head): dV_j += P_j dO; dS_j = P_j (dO.v_j - D);
   /// dQ += scale sum_j dS_j k_j; dK_j += scale dS_j q. dQ (nq, heads*hd), dK, dV
-  /// (nk, kv_heads*hd) accumulate.
+  /// (nk, kv_heads*hd) accumulate. Soft-capping multiplies dS_j by 1 - (s_j / cap)^2.
   void attention_backward(const attention_shape& shape, matrix_view<const T> q,
                           matrix_view<const T> k, matrix_view<const T> v, matrix_view<const T> o,
                           matrix_view<const T> dout, matrix_view<const T> lse,
@@ -294,8 +344,9 @@ class reference_backend : public detail::host_storage<T> {
         for (index_t j = lo; j < limit; ++j) {
           const T* kj = k.row(j) + kc;
           const T* vj = v.row(j) + kc;
-          const double p = std::exp(sc * dot(qi, kj, hd) - l);
-          const double ds = p * (dot(doi, vj, hd) - dd);
+          const double sj = capped(mask, sc * dot(qi, kj, hd));
+          const double p = std::exp(sj - l);
+          const double ds = p * (dot(doi, vj, hd) - dd) * capped_grad(mask, sj);
           T* dkj = dk.row(j) + kc;
           T* dvj = dv.row(j) + kc;
           for (index_t c = 0; c < hd; ++c) {
@@ -405,6 +456,16 @@ class reference_backend : public detail::host_storage<T> {
 
  private:
   static double sigmoid(double g) { return 1.0 / (1.0 + std::exp(-g)); }
+  /// A score after the mask's soft-capping (unchanged without one).
+  static double capped(const attention_mask& m, double s) {
+    return m.softcap > 0 ? m.softcap * std::tanh(s / m.softcap) : s;
+  }
+  /// d capped / d s given the capped score c: 1 - (c / cap)^2.
+  static double capped_grad(const attention_mask& m, double c) {
+    if (m.softcap <= 0) return 1.0;
+    const double y = c / m.softcap;
+    return 1.0 - y * y;
+  }
 
   static double dot(const T* a, const T* b, index_t n) {
     double s = 0;

@@ -160,10 +160,9 @@ struct hf_architecture {
   const char* model_type;
 };
 inline constexpr hf_architecture hf_architectures[] = {
-    {"LlamaForCausalLM", "llama"},
-    {"MistralForCausalLM", "mistral"},
-    {"Qwen2ForCausalLM", "qwen2"},
-    {"Qwen3ForCausalLM", "qwen3"},
+    {"LlamaForCausalLM", "llama"},   {"MistralForCausalLM", "mistral"},
+    {"Qwen2ForCausalLM", "qwen2"},   {"Qwen3ForCausalLM", "qwen3"},
+    {"Gemma2ForCausalLM", "gemma2"}, {"Gemma3ForCausalLM", "gemma3_text"},
 };
 
 }  // namespace io::detail

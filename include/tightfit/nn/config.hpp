@@ -1,9 +1,11 @@
-// tightfit/nn/config.hpp: the configuration of a Llama / Qwen2 / Qwen3 decoder-only model.
+// tightfit/nn/config.hpp: the configuration of a Llama / Mistral / Qwen2 / Qwen3 / Gemma 2 /
+// Gemma 3 decoder-only model.
 //
 // Field names are the Hugging Face config.json names. Invariants (checked by validate()):
 // every extent >= 1, num_attention_heads % num_key_value_heads == 0, eps > 0, theta > 0, a known
 // rope_type with the parameters it needs, sliding_window >= 0 and one sliding_layers entry per
-// layer (or none).
+// layer (or none); the Gemma-only fields (soft-capping, query_pre_attn_scalar,
+// rope_local_base_freq) are zero unless the architecture is a Gemma one (is_gemma()).
 #pragma once
 
 #include <cmath>
@@ -59,6 +61,31 @@ struct model_config {
   index_t sliding_window = 0;
   /// Which layers slide (Qwen2's max_window_layers, layer_types); empty: all of them.
   std::vector<bool> sliding_layers;
+  // Gemma 2 / Gemma 3 (nn/gemma_layer.hpp; 0 means "not used"):
+  /// Attention scores are scaled by query_pre_attn_scalar^-1/2 instead of head_dim^-1/2.
+  double query_pre_attn_scalar = 0;
+  /// Gemma 2: attention scores s -> cap tanh(s / cap) before the softmax (0: none).
+  double attn_logit_softcapping = 0;
+  /// Gemma 2 (and Gemma 3 when set): LM-head logits z -> cap tanh(z / cap) (0: none).
+  double final_logit_softcapping = 0;
+  /// Gemma 3: RoPE base of the sliding layers (default rope, no scaling); 0: as global layers.
+  double rope_local_base_freq = 0;
+
+  /// Gemma 2 / Gemma 3: RMSNorm scale (1 + w), the embedding scaled by sqrt(hidden_size), the
+  /// Gemma decoder layer (four norms, GELU-tanh gated MLP).
+  bool is_gemma() const {
+    return architecture == "Gemma2ForCausalLM" || architecture == "Gemma3ForCausalLM";
+  }
+  /// The factor on the embedding rows: sqrt(hidden_size) for Gemma (Hugging Face computes it in
+  /// the model dtype), else 1.
+  double embedding_multiplier() const {
+    return is_gemma() ? std::sqrt(static_cast<double>(hidden_size)) : 1.0;
+  }
+  /// The attention scale of query . key: query_pre_attn_scalar^-1/2 (Gemma), else head_dim^-1/2.
+  double attention_scale() const {
+    return 1.0 / std::sqrt(query_pre_attn_scalar > 0 ? query_pre_attn_scalar
+                                                     : static_cast<double>(head_dim));
+  }
 
   index_t q_width() const { return num_attention_heads * head_dim; }   ///< H * hd
   index_t kv_width() const { return num_key_value_heads * head_dim; }  ///< Hkv * hd
@@ -94,6 +121,23 @@ struct model_config {
         sliding_layers.empty() || static_cast<index_t>(sliding_layers.size()) == num_hidden_layers,
         "model_config: sliding_layers has ", sliding_layers.size(), " entries, expected ",
         num_hidden_layers, " (one per layer) or none");
+    auto non_negative = [](const char* name, double v) {
+      check(v >= 0 && std::isfinite(v), "model_config: ", name, " is ", v,
+            ", expected a finite value >= 0 (0: not used)");
+    };
+    non_negative("query_pre_attn_scalar", query_pre_attn_scalar);
+    non_negative("attn_logit_softcapping", attn_logit_softcapping);
+    non_negative("final_logit_softcapping", final_logit_softcapping);
+    non_negative("rope_local_base_freq", rope_local_base_freq);
+    if (!is_gemma()) {
+      const char* set = query_pre_attn_scalar > 0     ? "query_pre_attn_scalar"
+                        : attn_logit_softcapping > 0  ? "attn_logit_softcapping"
+                        : final_logit_softcapping > 0 ? "final_logit_softcapping"
+                        : rope_local_base_freq > 0    ? "rope_local_base_freq"
+                                                      : nullptr;
+      check(set == nullptr, "model_config: ", set == nullptr ? "" : set, " is set, but ",
+            architecture, " has no such option (Gemma2ForCausalLM / Gemma3ForCausalLM only)");
+    }
     const rope_scaling_config& r = rope_scaling;
     const std::string& t = r.rope_type;
     check(t == "default" || t == "linear" || t == "dynamic" || t == "yarn" || t == "llama3",

@@ -10,6 +10,14 @@
 //    with sliding_window and max_window_layers (layers l >= max_window_layers slide), or an
 //    explicit layer_types list of "sliding_attention" / "full_attention";
 //  - Llama's mlp_bias (biases on gate_proj, up_proj, down_proj).
+// Gemma2ForCausalLM (model_type gemma2) and Gemma3ForCausalLM (gemma3_text; or the text_config
+// of a Gemma3ForConditionalGeneration config.json) run on nn/gemma_layer.hpp: hidden_activation
+// gelu_pytorch_tanh, query_pre_attn_scalar, attn_logit_softcapping / final_logit_softcapping
+// (a missing key takes transformers' default: 50 / 30 for Gemma 2, none for Gemma 3; null: none),
+// sliding_window with layer_types, else sliding_window_pattern (Gemma 3, default 6: every 6th
+// layer global) or alternating layers (Gemma 2: even layers slide), rope_local_base_freq
+// (Gemma 3, default 10000), tie_word_embeddings (default true); attention_bias: true and
+// use_bidirectional_attention: true are refused by name.
 // Refused with a message naming the option: other architectures, other rope types, a
 // rope_scaling key tightfit does not know, partial_rotary_factor other than 1, a yarn
 // original_max_position_embeddings whose ratio to max_position_embeddings is not the factor
@@ -73,10 +81,10 @@ inline std::optional<std::uint64_t> hf_parameter_count(const model_config& c) {
   const auto add = [](std::optional<std::uint64_t> a, std::optional<std::uint64_t> b) {
     return a && b ? checked_sum(*a, *b) : std::nullopt;
   };
-  layer = add(layer, checked_product({2, d}));       // the two norms
-  layer = add(layer, checked_product({2, *q, d}));   // q_proj, o_proj
-  layer = add(layer, checked_product({2, *kv, d}));  // k_proj, v_proj
-  layer = add(layer, checked_product({3, f, d}));    // gate, up, down
+  layer = add(layer, checked_product({c.is_gemma() ? 4u : 2u, d}));  // the norms
+  layer = add(layer, checked_product({2, *q, d}));                   // q_proj, o_proj
+  layer = add(layer, checked_product({2, *kv, d}));                  // k_proj, v_proj
+  layer = add(layer, checked_product({3, f, d}));                    // gate, up, down
   if (c.qk_norm) layer = add(layer, checked_product({2, u(c.head_dim)}));
   if (c.qkv_bias) layer = add(layer, add(*q, checked_product({2, *kv})));
   if (c.o_bias) layer = add(layer, d);
@@ -194,6 +202,56 @@ inline void parse_sliding_window(const io::detail::config_fields& f, model_confi
   }
 }
 
+/// The Gemma 2 / Gemma 3 fields (transformers' Gemma2Config / Gemma3TextConfig defaults for the
+/// keys a config.json omits).
+inline void parse_gemma(const nlohmann::json& j, const io::detail::config_fields& f,
+                        model_config& c) {
+  const std::string& src = f.source();
+  const bool gemma2 = c.architecture == "Gemma2ForCausalLM";
+  for (const char* key : {"hidden_activation", "hidden_act"}) {
+    const auto act = f.string(key);
+    check(!act || *act == "gelu_pytorch_tanh", src, ": ", key, " \"", act.value_or(""),
+          "\" is not supported (Gemma: expected \"gelu_pytorch_tanh\")");
+  }
+  check(!f.boolean("use_bidirectional_attention", false), src,
+        ": use_bidirectional_attention true is not supported (causal decoders only)");
+  c.query_pre_attn_scalar = f.number("query_pre_attn_scalar", 256.0);
+  check(c.query_pre_attn_scalar > 0, src, ": query_pre_attn_scalar is ", c.query_pre_attn_scalar,
+        ", expected > 0");
+  // soft-capping: a missing key takes the class default, null means none
+  auto cap = [&](const char* key, double fallback) {
+    if (!j.contains(key)) return fallback;
+    const double v = f.number(key, 0.0);
+    check(v >= 0, src, ": ", key, " is ", v, ", expected > 0 or null");
+    return v;
+  };
+  c.attn_logit_softcapping = cap("attn_logit_softcapping", gemma2 ? 50.0 : 0.0);
+  c.final_logit_softcapping = cap("final_logit_softcapping", gemma2 ? 30.0 : 0.0);
+  if (!gemma2) c.rope_local_base_freq = f.number("rope_local_base_freq", 10000.0);
+  c.sliding_window =
+      f.find("sliding_window") != nullptr ? f.positive_int("sliding_window") : index_t{4096};
+  c.sliding_layers.assign(static_cast<std::size_t>(c.num_hidden_layers), false);
+  if (const nlohmann::json* lt = f.find("layer_types")) {
+    check(lt->is_array() && static_cast<index_t>(lt->size()) == c.num_hidden_layers, src,
+          ": field \"layer_types\" is ", lt->dump(), ", expected a list of ", c.num_hidden_layers,
+          " names (one per layer)");
+    for (std::size_t l = 0; l < lt->size(); ++l) {
+      const auto& t = (*lt)[l];
+      check(t == "full_attention" || t == "sliding_attention", src, ": layer_types holds ",
+            t.dump(), ", expected \"full_attention\" or \"sliding_attention\"");
+      c.sliding_layers[l] = t == "sliding_attention";
+    }
+    return;
+  }
+  index_t pattern = 2;  // Gemma 2: layers 0, 2, 4, ... slide
+  if (!gemma2)
+    pattern = f.find("sliding_window_pattern") != nullptr
+                  ? f.positive_int("sliding_window_pattern")
+                  : f.positive_int("_sliding_window_pattern", index_t{6});
+  for (index_t l = 0; l < c.num_hidden_layers; ++l)
+    c.sliding_layers[static_cast<std::size_t>(l)] = (l + 1) % pattern != 0;
+}
+
 }  // namespace detail
 
 /// Reads a Hugging Face config.json (a file, or a directory holding config.json) of a
@@ -207,8 +265,24 @@ inline model_config load_hf_config(const std::filesystem::path& path) {
 
 /// load_hf_config on the text of a config.json (`src` names it in messages).
 inline model_config parse_hf_config(std::string_view text, const std::string& src) {
-  const nlohmann::json j = io::detail::parse_json_text(text, src);
+  nlohmann::json j = io::detail::parse_json_text(text, src);
   check(j.is_object(), src, ": is a JSON ", j.type_name(), ", expected an object");
+  if (const auto a = j.find("architectures");
+      (a != j.end() && a->is_array() && !a->empty() &&
+       (*a)[0] == "Gemma3ForConditionalGeneration") ||
+      (a == j.end() && j.value("model_type", "") == "gemma3")) {
+    // the text part of a Gemma 3 vision-language checkpoint: its text_config
+    const auto t = j.find("text_config");
+    check(t != j.end() && t->is_object(), src,
+          ": Gemma3ForConditionalGeneration without a \"text_config\" object (only the text "
+          "part is supported)");
+    nlohmann::json text_cfg = *t;
+    text_cfg["architectures"] = nlohmann::json::array({"Gemma3ForCausalLM"});
+    text_cfg["model_type"] = "gemma3_text";
+    if (!text_cfg.contains("tie_word_embeddings") && j.contains("tie_word_embeddings"))
+      text_cfg["tie_word_embeddings"] = j["tie_word_embeddings"];
+    j = std::move(text_cfg);
+  }
   const io::detail::config_fields f(j, src);
 
   // Architecture: "architectures"[0], else "model_type".
@@ -224,14 +298,16 @@ inline model_config parse_hf_config(std::string_view text, const std::string& sr
     for (const auto& known : io::detail::hf_architectures)
       if (*model_type == known.model_type) arch = known.architecture;
     check(!arch.empty(), src, ": model_type \"", *model_type,
-          "\" is not supported (supported: llama, mistral, qwen2, qwen3)");
+          "\" is not supported (supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, "
+          "gemma3)");
   }
   const io::detail::hf_architecture* kind = nullptr;
   for (const auto& known : io::detail::hf_architectures)
     if (arch == known.architecture) kind = &known;
   check(kind != nullptr, src, ": architecture \"", arch,
         "\" is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-        "Qwen3ForCausalLM)");
+        "Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration "
+        "(text part))");
   check(!model_type || *model_type == kind->model_type, src, ": model_type \"",
         model_type.value_or(""), "\" does not match architecture \"", arch, "\" (expected \"",
         kind->model_type, "\")");
@@ -264,14 +340,17 @@ inline model_config parse_hf_config(std::string_view text, const std::string& sr
       c.rope_theta = it->get<double>();
     }
   }
-  c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
-  c.qk_norm = arch == "Qwen3ForCausalLM";
+  const bool gemma2 = arch == "Gemma2ForCausalLM", gemma3 = arch == "Gemma3ForCausalLM";
+  const bool gemma = gemma2 || gemma3;
+  c.tie_word_embeddings = f.boolean("tie_word_embeddings", gemma);  // Gemma: tied by default
+  c.qk_norm = arch == "Qwen3ForCausalLM" || gemma3;
   // Attention biases as the transformers modules create them: Qwen2 q/k/v always (its
   // attention_bias field, when present, is ignored by transformers), Llama / Qwen3 q/k/v/o
   // when attention_bias is true.
   // (Mistral's modules have no biases whatever the config says.)
   const bool attention_bias =
       !qwen2 && arch != "MistralForCausalLM" && f.boolean("attention_bias", false);
+  check(!gemma || !attention_bias, src, ": attention_bias true is not supported for ", arch);
   c.qkv_bias = qwen2 || attention_bias;
   c.o_bias = attention_bias;
 
@@ -280,12 +359,17 @@ inline model_config parse_hf_config(std::string_view text, const std::string& sr
   const bool llama = arch == "LlamaForCausalLM", mistral = arch == "MistralForCausalLM";
   c.mlp_bias = llama && f.boolean("mlp_bias", false);
   detail::parse_rope_scaling(f, c);
-  detail::parse_sliding_window(f, c, mistral,
-                               arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM");
+  if (gemma)
+    detail::parse_gemma(j, f, c);
+  else
+    detail::parse_sliding_window(f, c, mistral,
+                                 arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM");
 
   // Unsupported options.
-  const std::string act = f.string("hidden_act").value_or("silu");
-  check(act == "silu", src, ": hidden_act \"", act, "\" is not supported (expected \"silu\")");
+  if (!gemma) {
+    const std::string act = f.string("hidden_act").value_or("silu");
+    check(act == "silu", src, ": hidden_act \"", act, "\" is not supported (expected \"silu\")");
+  }
   const double partial = f.number("partial_rotary_factor", 1.0);
   check(partial == 1.0, src, ": partial_rotary_factor ", partial,
         " is not supported (RoPE rotates the whole head)");
@@ -318,8 +402,9 @@ inline void save_hf_config(const model_config& c, const std::filesystem::path& p
         "Qwen3ForCausalLM)");
   const bool qwen3 = c.architecture == "Qwen3ForCausalLM";
   const bool qwen2 = c.architecture == "Qwen2ForCausalLM";
-  check(c.qk_norm == qwen3, "save_hf_config: qk_norm is ", c.qk_norm, ", but ", c.architecture,
-        qwen3 ? " always has" : " never has", " q_norm / k_norm");
+  const bool gemma3 = c.architecture == "Gemma3ForCausalLM";
+  check(c.qk_norm == (qwen3 || gemma3), "save_hf_config: qk_norm is ", c.qk_norm, ", but ",
+        c.architecture, qwen3 || gemma3 ? " always has" : " never has", " q_norm / k_norm");
   if (qwen2)
     check(c.qkv_bias && !c.o_bias, "save_hf_config: qkv_bias is ", c.qkv_bias, " and o_bias is ",
           c.o_bias, ", but Qwen2ForCausalLM always has q/k/v biases and never an o_proj bias");
@@ -375,7 +460,24 @@ inline void save_hf_config(const model_config& c, const std::filesystem::path& p
       types.push_back(slides ? "sliding_attention" : "full_attention");
     j["layer_types"] = types;
   }
-  if (llama) {
+  if (c.is_gemma()) {
+    check(!c.qkv_bias && !c.o_bias && !c.mlp_bias, "save_hf_config: ", c.architecture,
+          " has no biases");
+    j["hidden_act"] = "gelu_pytorch_tanh";
+    j["hidden_activation"] = "gelu_pytorch_tanh";
+    j["attention_bias"] = false;
+    j["query_pre_attn_scalar"] =
+        c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : static_cast<double>(c.head_dim);
+    auto cap = [](double v) { return v > 0 ? nlohmann::json(v) : nlohmann::json(nullptr); };
+    j["attn_logit_softcapping"] = cap(c.attn_logit_softcapping);
+    j["final_logit_softcapping"] = cap(c.final_logit_softcapping);
+    if (gemma3) j["rope_local_base_freq"] = c.rope_local_base_freq;
+    j["sliding_window"] = c.sliding_window > 0 ? c.sliding_window : c.num_hidden_layers + 1;
+    auto types = nlohmann::json::array();
+    for (index_t l = 0; l < c.num_hidden_layers; ++l)
+      types.push_back(c.layer_window(l) > 0 ? "sliding_attention" : "full_attention");
+    j["layer_types"] = types;
+  } else if (llama) {
     j["attention_bias"] = c.o_bias;
     j["mlp_bias"] = c.mlp_bias;
   } else if (mistral) {

@@ -1,4 +1,7 @@
-// tightfit/nn/model.hpp: a decoder-only transformer of the Llama / Qwen2 / Qwen3 family.
+// tightfit/nn/model.hpp: a decoder-only transformer of the Llama / Qwen2 / Qwen3 family, or
+// Gemma 2 / Gemma 3 with L = gemma_layer<B> (nn/gemma_layer.hpp; the model-level Gemma parts,
+// the embedding scaled by sqrt(hidden_size), the final norm's (1 + w) and the final logit
+// soft-capping, live in stream/ and read model_config).
 //
 // Parameters live in one parameter_set under their Hugging Face names (nn/parameters.hpp's
 // hf_names; each layer's rows come from L::parameter_table, see decoder_layer.hpp):
@@ -11,6 +14,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tightfit/backend/concept.hpp"
@@ -34,6 +38,9 @@ class decoder_model {
 
   decoder_model(B& backend, const model_config& config) : cfg_(config), params_(backend) {
     cfg_.validate();
+    if constexpr (std::is_same_v<L, decoder_layer<B>>)
+      check(!cfg_.is_gemma(), "decoder_model: ", cfg_.architecture,
+            " needs the Gemma layer: decoder_model<B, gemma_layer<B>> (nn/gemma_layer.hpp)");
     embed_ = params_.add(hf_names::embedding, {cfg_.vocab_size, cfg_.hidden_size});
     const auto table = L::parameter_table(cfg_);
     for (index_t l = 0; l < cfg_.num_hidden_layers; ++l) {
@@ -55,7 +62,8 @@ class decoder_model {
   decoder_model& operator=(const decoder_model&) = delete;
 
   /// Random initialisation: matrices and biases ~ N(0, std^2), norm weights
-  /// 1 + N(0, norm_jitter^2) (norm_jitter > 0 makes tests exercise the norm-weight gradients).
+  /// 1 + N(0, norm_jitter^2) (Gemma, whose norms scale by 1 + w: N(0, norm_jitter^2);
+  /// norm_jitter > 0 makes tests exercise the norm-weight gradients).
   void init_random(std::uint64_t seed, double std = 0.02, double norm_jitter = 0.0) {
     std::mt19937_64 gen(seed);
     std::normal_distribution<double> dist(0.0, 1.0);
@@ -63,7 +71,7 @@ class decoder_model {
       const bool is_norm = is_norm_weight(i);
       std::vector<T> host(static_cast<std::size_t>(params_.numel(i)));
       for (auto& v : host)
-        v = static_cast<T>(is_norm ? 1.0 + norm_jitter * dist(gen) : std * dist(gen));
+        v = static_cast<T>(is_norm ? norm_one() + norm_jitter * dist(gen) : std * dist(gen));
       params_.backend().upload(std::span<const T>(host), params_.value(i));
     }
   }
@@ -94,9 +102,12 @@ class decoder_model {
     return params_.shape(i).size() == 1 && !bias;
   }
 
+  /// The stored norm weight whose scale is 1: 1, or 0 for Gemma's (1 + w).
+  double norm_one() const { return cfg_.is_gemma() ? 0.0 : 1.0; }
+
   void set_norms_to_one() {
     for (std::size_t i = 0; i < params_.size(); ++i)
-      if (is_norm_weight(i)) params_.backend().fill(as_row(params_.value(i)), A(1));
+      if (is_norm_weight(i)) params_.backend().fill(as_row(params_.value(i)), A(norm_one()));
   }
 
   model_config cfg_;

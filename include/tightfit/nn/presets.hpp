@@ -1,6 +1,6 @@
 // tightfit/nn/presets.hpp: named model configurations: the benchmark config of the StreamBP
-// issue and the shapes of public Llama 3 / 3.1 / Qwen2.5 / Qwen3 checkpoints (for the planner; no
-// weights).
+// issue and the shapes of public Llama 3 / 3.1 / Qwen2.5 / Qwen3 / Gemma 3 checkpoints (for the
+// planner; no weights).
 #pragma once
 
 #include <string>
@@ -13,8 +13,8 @@ namespace tightfit {
 
 /// The names preset_config accepts.
 inline std::vector<std::string> preset_names() {
-  return {"qwen3-bench",  "small",      "qwen3-0.6b", "qwen3-4b",   "qwen3-8b",
-          "qwen2.5-0.5b", "qwen2.5-7b", "llama3-8b",  "llama3.1-8b"};
+  return {"qwen3-bench",  "small",      "qwen3-0.6b", "qwen3-4b",    "qwen3-8b",
+          "qwen2.5-0.5b", "qwen2.5-7b", "llama3-8b",  "llama3.1-8b", "gemma3-4b"};
 }
 
 /// A named configuration; an unknown name is an error listing the known ones.
@@ -103,6 +103,30 @@ inline model_config preset_config(const std::string& name) {
       c.rope_scaling.high_freq_factor = 4;
       c.rope_scaling.original_max_position_embeddings = 8192;
     }
+    return c;
+  }
+  if (name == "gemma3-4b") {  // google/gemma-3-4b-pt, its text_config
+    c.architecture = "Gemma3ForCausalLM";
+    c.vocab_size = 262208;
+    c.hidden_size = 2560;
+    c.intermediate_size = 10240;
+    c.num_hidden_layers = 34;
+    c.num_attention_heads = 8;
+    c.num_key_value_heads = 4;
+    c.head_dim = 256;
+    c.rms_norm_eps = 1e-6;
+    c.rope_theta = 1e6;
+    c.rope_scaling.rope_type = "linear";
+    c.rope_scaling.factor = 8;
+    c.rope_local_base_freq = 1e4;
+    c.query_pre_attn_scalar = 256;
+    c.max_position_embeddings = 131072;
+    c.sliding_window = 1024;
+    c.sliding_layers.assign(34, false);
+    for (index_t l = 0; l < 34; ++l)  // sliding_window_pattern 6: every 6th layer global
+      c.sliding_layers[static_cast<std::size_t>(l)] = (l + 1) % 6 != 0;
+    c.qk_norm = true;
+    c.tie_word_embeddings = true;
     return c;
   }
   std::string known;

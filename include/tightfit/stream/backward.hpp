@@ -288,6 +288,8 @@ backward_result compute_gradients(M& model, const token_batch& batch, O& objecti
   be.embedding_forward(
       as_matrix(std::span<const T>(params.value(model.embed_id())), cfg.vocab_size, d),
       batch.input_ids, inputs.allocate(0).view(rows, d));
+  if (cfg.is_gemma())
+    be.scale(accum_t<B>(cfg.embedding_multiplier()), inputs.device(0).view(rows, d));
   for (index_t l = 0; l < nl; ++l) {
     inputs.allocate(l + 1);
     model.layer(l).forward(be, seq, matrix_view<const T>(inputs.device(l).view(rows, d)),
@@ -372,6 +374,7 @@ backward_result compute_gradients(M& model, const token_batch& batch, O& objecti
     if (mode.weight_grads && opt.on_grads_ready) opt.on_grads_ready({grads_ready::kind::layer, l});
   }
   if (opt.embedding_grad) {
+    if (cfg.is_gemma()) be.scale(accum_t<B>(cfg.embedding_multiplier()), dy.view(rows, d));
     be.embedding_backward(matrix_view<const T>(dy.view(rows, d)), batch.input_ids,
                           as_matrix(params.grad(model.embed_id()), cfg.vocab_size, d));
     if (opt.on_grads_ready) opt.on_grads_ready({grads_ready::kind::embedding, -1});

@@ -6,15 +6,21 @@
 // log-probs; then, in the gradient pass, dz = coeff (onehot - softmax(z/tau)) / tau in place,
 // dW += dz^T hf (beta = 1, the one (V, d) gradient buffer), dhf = dz W, and the final-norm
 // backward adds into dH rows. The chunk's logits are freed before the next chunk.
+// Gemma (model_config::is_gemma): the final norm scales by (1 + w) (nn/norm_weight.hpp) and,
+// with final_logit_softcapping = cap > 0, the logits are z -> cap tanh(z / cap) before the
+// log-softmax; the backward keeps a copy of the chunk's capped logits (n, V) for the exact
+// derivative dz *= 1 - (capped / cap)^2.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
+#include <type_traits>
 #include <vector>
 
 #include "tightfit/backend/concept.hpp"
 #include "tightfit/loss/objective.hpp"
 #include "tightfit/nn/layer.hpp"
+#include "tightfit/nn/norm_weight.hpp"
 
 namespace tightfit {
 
@@ -43,16 +49,22 @@ void head_chunks(M& model, matrix_view<const storage_t<typename M::backend_type>
   check(opt.temperature > 0, "lm_head: temperature is ", opt.temperature, ", expected > 0");
   auto& params = model.parameters();
   const auto w = as_matrix(std::span<const T>(params.value(model.lm_head_id())), v, d);
-  const std::span<const T> g = params.value(model.final_norm_id());
+  const norm_scale<B> g(be, params.value(model.final_norm_id()), cfg.is_gemma());
+  const double cap = cfg.final_logit_softcapping;
+  if constexpr (!GemmaBackend<B>)
+    check(cap == 0, "lm_head: final_logit_softcapping ", cap,
+          " needs a backend with logit_softcap_forward (GemmaBackend)");
   std::vector<T> lp_host;
   for (index_t r0 = 0; r0 < rows; r0 += opt.chunk_rows) {
     const index_t r1 = std::min(rows, r0 + opt.chunk_rows), n = r1 - r0;
     auto hf = be.template allocate<T>(n * d);  // (n, d)
     auto rstd = be.template allocate<T>(n);    // (n)
-    be.rmsnorm_forward(hidden.row_range(r0, r1), g, A(cfg.rms_norm_eps), hf.view(n, d),
+    be.rmsnorm_forward(hidden.row_range(r0, r1), g.scale(), A(cfg.rms_norm_eps), hf.view(n, d),
                        rstd.span());
     auto logits = be.template allocate<T>(n * v);  // (n, V)
     be.gemm(transpose::no, transpose::yes, A(1), hf.view(n, d), w, A(0), logits.view(n, v));
+    if constexpr (GemmaBackend<B>)
+      if (cap > 0) be.logit_softcap_forward(logits.view(n, v), A(cap));
     auto lse = be.template allocate<T>(n);  // (n)
     auto lp = be.template allocate<T>(n);   // (n)
     const auto targets =
@@ -121,7 +133,8 @@ double lm_head_backward(M& model, matrix_view<const storage_t<typename M::backen
     check_extent("lm_head_backward", "dhidden cols", dhidden.cols, d);
   }
   const auto w = as_matrix(std::span<const T>(params.value(model.lm_head_id())), v, d);
-  const std::span<const T> g = params.value(model.final_norm_id());
+  const norm_scale<B> g(be, params.value(model.final_norm_id()), cfg.is_gemma());
+  const double cap = cfg.final_logit_softcapping;
   std::vector<double> coeff;
   std::vector<T> coeff_t;
   double sum = 0;
@@ -139,8 +152,19 @@ double lm_head_backward(M& model, matrix_view<const storage_t<typename M::backen
         be.upload(std::span<const T>(coeff_t), coeff_dev.span());
         const auto targets =
             layout.targets.subspan(static_cast<std::size_t>(r0), static_cast<std::size_t>(n));
+        std::remove_reference_t<decltype(logits)>
+            capped;  // (n, V) the capped logits (soft-capping only)
+        if (cap > 0) {
+          capped = be.template allocate<T>(n * v);
+          be.copy(logits.view(n, v), capped.view(n, v));
+        }
         be.xent_backward(logits.view(n, v), targets, std::span<const T>(lse.span()),
                          std::span<const T>(coeff_dev.span()), A(opt.temperature));
+        if constexpr (GemmaBackend<B>)
+          if (cap > 0) {
+            be.logit_softcap_backward(capped.view(n, v), logits.view(n, v), A(cap));
+            capped.reset();
+          }
         if (weight_grads)
           be.gemm(transpose::yes, transpose::no, A(1), logits.view(n, v), hf.view(n, d), A(1),
                   as_matrix(params.grad(model.lm_head_id()), v, d));
@@ -149,7 +173,7 @@ double lm_head_backward(M& model, matrix_view<const storage_t<typename M::backen
         logits.reset();
         auto scratch = need_dh ? decltype(dhf){} : be.template allocate<T>(n * d);
         auto dx = need_dh ? dhidden.row_range(r0, r1) : scratch.view(n, d);
-        be.rmsnorm_backward(hidden.row_range(r0, r1), g, std::span<const T>(rstd.span()),
+        be.rmsnorm_backward(hidden.row_range(r0, r1), g.scale(), std::span<const T>(rstd.span()),
                             dhf.view(n, d), dx,
                             weight_grads ? params.grad(model.final_norm_id()) : std::span<T>{});
       });

@@ -7,7 +7,8 @@
 // each dry run costs O(layers * chunks) no-op calls. "Activation bytes" are the bytes
 // allocated inside compute_gradients (parameters and their gradients are not included: the
 // budget is what is left for activations). The objective is a parameter (its statistics pass, if
-// any, is part of the dry run); the layer type is a template parameter (decoder_layer by default).
+// any, is part of the dry run); the layer type is a template parameter (by default config_layer:
+// gemma_layer for a Gemma config, else decoder_layer).
 // Layer-input spacing (backward_options::keep_every) is priced the same way: its peak by a dry
 // run, its extra work as the layer forwards it re-runs (L - ceil(L / k) of them); the planner
 // picks the smallest spacing (least recomputation) and then the largest chunk that fit.
@@ -18,13 +19,20 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <type_traits>
 #include <vector>
 
 #include "tightfit/backend/meta.hpp"
 #include "tightfit/backend/offload.hpp"
+#include "tightfit/nn/gemma_layer.hpp"
 #include "tightfit/stream/backward.hpp"
 
 namespace tightfit {
+
+/// The planner's default layer: a tag resolved from the config at run time (gemma_layer for
+/// model_config::is_gemma(), else decoder_layer).
+template <class B>
+struct config_layer;
 
 /// Peak bytes of one compute_gradients call inside backend memory and in the host tier.
 struct predicted_peaks {
@@ -34,24 +42,30 @@ struct predicted_peaks {
 
 /// Exact peak bytes of one compute_gradients call with value type T, objective `objective`
 /// (copied: the dry run does not touch the caller's) and layer type Layer<backend>.
-template <std::floating_point T, template <class> class Layer = decoder_layer, Objective O>
+template <std::floating_point T, template <class> class Layer = config_layer, Objective O>
 predicted_peaks predict_peaks(const model_config& config, index_t batch, index_t seq_len,
                               const backward_options& options, const O& objective) {
   using dry = two_tier_backend<meta_backend<T>>;
-  dry be;
-  decoder_model<dry, Layer<dry>> model(be, config);
-  const auto rows = static_cast<std::size_t>(batch * seq_len);
-  std::vector<token_id> ids(rows, 0), targets(rows, 0);
-  O loss = objective;
-  backward_options o = options;
-  o.on_grads_ready = nullptr;
-  const backward_result r =
-      compute_gradients(model, token_batch{batch, seq_len, ids, targets, {}}, loss, o);
-  return {r.peak_activation_bytes, r.peak_host_bytes};
+  if constexpr (std::is_same_v<Layer<dry>, config_layer<dry>>) {
+    return config.is_gemma()
+               ? predict_peaks<T, gemma_layer>(config, batch, seq_len, options, objective)
+               : predict_peaks<T, decoder_layer>(config, batch, seq_len, options, objective);
+  } else {
+    dry be;
+    decoder_model<dry, Layer<dry>> model(be, config);
+    const auto rows = static_cast<std::size_t>(batch * seq_len);
+    std::vector<token_id> ids(rows, 0), targets(rows, 0);
+    O loss = objective;
+    backward_options o = options;
+    o.on_grads_ready = nullptr;
+    const backward_result r =
+        compute_gradients(model, token_batch{batch, seq_len, ids, targets, {}}, loss, o);
+    return {r.peak_activation_bytes, r.peak_host_bytes};
+  }
 }
 
 /// Exact peak activation bytes (backend memory) of one compute_gradients call.
-template <std::floating_point T, template <class> class Layer = decoder_layer, Objective O>
+template <std::floating_point T, template <class> class Layer = config_layer, Objective O>
 std::size_t predict_peak_activation_bytes(const model_config& config, index_t batch,
                                           index_t seq_len, const backward_options& options,
                                           const O& objective) {
@@ -113,7 +127,7 @@ index_t largest_fitting(index_t limit, Fits&& fits) {
 /// The planner: largest power-of-two chunk (<= T) whose stream peak fits the budget at T, and
 /// the largest T per schedule (stream with `stream_chunk`, default 512),
 /// searched up to max_seq.
-template <std::floating_point T, template <class> class Layer = decoder_layer, Objective O>
+template <std::floating_point T, template <class> class Layer = config_layer, Objective O>
 plan_result plan_memory(const model_config& config, index_t batch, index_t seq_len,
                         std::size_t budget_bytes, const O& objective, index_t stream_chunk = 0,
                         index_t max_seq = index_t{1} << 22) {

@@ -39,7 +39,14 @@ struct attn_args {
   const index_t* doc = nullptr;  ///< device doc_start of positions [0, q0 + nq), or null
   index_t heads = 1, group = 1, hd = 1;
   float scale = 1;
+  float softcap = 0;  ///< > 0: scores s -> softcap tanh(s / softcap) (Gemma 2)
 };
+
+/// The score of q.k after scaling and the optional soft-capping.
+__device__ __forceinline__ float attn_score(const attn_args& a, float qk) {
+  const float s = a.scale * qk;
+  return a.softcap > 0.f ? a.softcap * tanhf(s / a.softcap) : s;
+}
 
 /// The last key position p sees.
 __device__ __forceinline__ index_t attn_last(const attn_args& a, index_t p) {
@@ -112,7 +119,7 @@ __global__ void __launch_bounds__(attn_threads)
       if (attn_visible(a, i0 + r, j0 + c)) {
         float acc = 0;
         for (index_t d = 0; d < hd; ++d) acc += qt[r * tls + d] * kt[c * tls + d];
-        s = a.scale * acc;
+        s = attn_score(a, acc);
       }
       st[e] = s;
     }
@@ -176,8 +183,9 @@ __global__ void attn_dot_kernel(attn_args a, const S* o, index_t os, const S* do
   }
 }
 
-/// P and dS of one (query tile, key tile) pair: P = exp(scale q.k - lse) on visible pairs,
-/// dS = P (dO.v - D). Tiles qt, dot (BR, hd), kt, vt (BC, hd); pt, dst (BR, BC).
+/// P and dS of one (query tile, key tile) pair: P = exp(c - lse) on visible pairs with the
+/// score c = attn_score(q.k), dS = P (dO.v - D) (times 1 - (c / cap)^2 with soft-capping). Tiles
+/// qt, dot (BR, hd), kt, vt (BC, hd); pt, dst (BR, BC).
 __device__ __forceinline__ void attn_p_ds(const attn_args& a, index_t i0, index_t j0,
                                           const float* qt, const float* dot, const float* kt,
                                           const float* vt, const float* lrow, const float* drow,
@@ -192,8 +200,10 @@ __device__ __forceinline__ void attn_p_ds(const attn_args& a, index_t i0, index_
         qk += qt[r * tls + d] * kt[c * tls + d];
         dov += dot[r * tls + d] * vt[c * tls + d];
       }
-      p = expf(a.scale * qk - lrow[r]);
+      const float c = attn_score(a, qk);
+      p = expf(c - lrow[r]);
       ds = p * (dov - drow[r]);
+      if (a.softcap > 0.f) ds *= 1.f - (c / a.softcap) * (c / a.softcap);
     }
     pt[e] = p;
     dst[e] = ds;

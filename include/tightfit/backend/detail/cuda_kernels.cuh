@@ -248,6 +248,61 @@ __global__ void swiglu_backward_kernel(const S* gate, index_t gs, const S* up, i
   }
 }
 
+// ---- GELU-tanh gated MLP (Gemma) and logit soft-capping -------------------------------------
+
+/// sigmoid(2u) = (1 + tanh u) / 2, u = sqrt(2/pi) (g + 0.044715 g^3) (detail/gelu.hpp).
+__device__ __forceinline__ float gelu_tanh_s(float g) {
+  return 1.f / (1.f + expf(-2.f * 0.7978845608028654f * (g + 0.044715f * g * g * g)));
+}
+
+template <class S>
+__global__ void geglu_forward_kernel(const S* gate, index_t gs, const S* up, index_t us, S* out,
+                                     index_t os, index_t rows, index_t cols) {
+  const index_t n = rows * cols;
+  for (index_t e = blockIdx.x * static_cast<index_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<index_t>(gridDim.x) * blockDim.x) {
+    const index_t i = e / cols, j = e % cols;
+    const float g = ld(gate + i * gs + j);
+    out[i * os + j] = cvt<S>(g * gelu_tanh_s(g) * ld(up + i * us + j));
+  }
+}
+
+template <class S>
+__global__ void geglu_backward_kernel(const S* gate, index_t gs, const S* up, index_t us,
+                                      const S* dout, index_t ds, S* dgate, index_t dgs, S* dup,
+                                      index_t dus, index_t rows, index_t cols) {
+  const index_t n = rows * cols;
+  for (index_t e = blockIdx.x * static_cast<index_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<index_t>(gridDim.x) * blockDim.x) {
+    const index_t i = e / cols, j = e % cols;
+    const float g = ld(gate + i * gs + j), s = gelu_tanh_s(g), d = ld(dout + i * ds + j);
+    const float grad =
+        s + 2.f * 0.7978845608028654f * g * s * (1.f - s) * (1.f + 3.f * 0.044715f * g * g);
+    S* pg = dgate + i * dgs + j;
+    S* pu = dup + i * dus + j;
+    *pg = cvt<S>(ld(pg) + d * ld(up + i * us + j) * grad);
+    *pu = cvt<S>(ld(pu) + d * g * s);
+  }
+}
+
+/// In place: x = cap tanh(x / cap) (backward == false), or dx *= 1 - (capped / cap)^2.
+template <class S>
+__global__ void logit_softcap_kernel(const S* capped, index_t cs, S* x, index_t xs, index_t rows,
+                                     index_t cols, float cap, bool backward) {
+  const index_t n = rows * cols;
+  for (index_t e = blockIdx.x * static_cast<index_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<index_t>(gridDim.x) * blockDim.x) {
+    const index_t i = e / cols, j = e % cols;
+    S* p = x + i * xs + j;
+    if (backward) {
+      const float y = ld(capped + i * cs + j) / cap;
+      *p = cvt<S>(ld(p) * (1.f - y * y));
+    } else {
+      *p = cvt<S>(cap * tanhf(ld(p) / cap));
+    }
+  }
+}
+
 // ---- softmax cross-entropy --------------------------------------------------------------------
 
 /// One block per row: lse = log sum exp(logits / tau), logprob = z[label] - lse (0 if ignored).

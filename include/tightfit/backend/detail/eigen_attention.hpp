@@ -22,7 +22,9 @@
 // The score tile S (bq * group, bk) is the only score storage.
 //
 // Backward (exact: P = exp(scale S - lse), D = rowsum(dO * O), dV += P^T dO, dP = dO V^T,
-// dS = P * (dP - D), dQ += scale dS K, dK += scale dS^T Q), two strategies:
+// dS = P * (dP - D), dQ += scale dS K, dK += scale dS^T Q; with soft-capping (mask.softcap = cap,
+// Gemma 2) the scores are c = cap tanh(scale S / cap), P = exp(c - lse) and dS gains the factor
+// 1 - (c / cap)^2), two strategies:
 //  - thread_partials (default): tasks are (kv head, key tile); each walks the query rows that
 //    see its keys, keeps dK, dV of its key tile locally (race-free: tasks own disjoint key
 //    rows) and adds scale dS K into a per-thread dQ partial (nq, heads * hd) that is summed into
@@ -87,6 +89,8 @@ struct attention_problem {
   index_t nq() const { return q.rows; }
   index_t nk() const { return k.rows; }
   index_t group() const { return shape.heads / shape.kv_heads; }
+  /// The soft-capping cap of the scores (mask.softcap; used when > 0).
+  T softcap() const { return static_cast<T>(mask.softcap); }
   /// Query row r attends keys [row_begin(r), row_end(r)); both non-decreasing in r.
   index_t row_begin(index_t r) const { return mask.begin_key(mask.q0 + r, nk()); }
   index_t row_end(index_t r) const { return mask.last_key(mask.q0 + r, nk()) + 1; }
@@ -185,6 +189,7 @@ std::int64_t attention_forward_block(const attention_problem<T>& pb, index_t g, 
       const index_t row = first + i;
       eigen_array_map<T> si(s_buf + i * w, w);
       si *= pb.scale;
+      if (pb.mask.softcap > 0) si = pb.softcap() * (si / pb.softcap()).tanh();
       const auto [ka, kb] = tile_keys(pb, r0 + row / group, c0, w);
       if (ka > 0) si.head(ka).setConstant(minus_infinity<T>());
       if (kb < w) si.tail(w - kb).setConstant(minus_infinity<T>());
@@ -278,11 +283,22 @@ void attention_tile_grad(const attention_problem<T>& pb, const backward_rows<T>&
   for (index_t i = 0; i < sub; ++i) {
     const index_t row = first + i;
     eigen_array_map<T> pi(p_buf + i * w, w);
-    pi = (pi * pb.scale - in.lse[row]).exp();
+    eigen_array_map<T> dpi(dp_buf + i * w, w);
     const auto [ka, kb] = tile_keys(pb, r0 + row / group, c0, w);
+    if (pb.mask.softcap > 0) {
+      // capped score c = cap tanh(scale s / cap); dS = P (dP - D) (1 - (c / cap)^2)
+      const T cap = pb.softcap();
+      pi = cap * (pi * pb.scale / cap).tanh();
+      dpi = (dpi - in.dsum[row]) * (T(1) - (pi / cap).square());
+      pi = (pi - in.lse[row]).exp();
+      if (ka > 0) pi.head(ka).setZero();
+      if (kb < w) pi.tail(w - kb).setZero();
+      dpi *= pi;
+      continue;
+    }
+    pi = (pi * pb.scale - in.lse[row]).exp();
     if (ka > 0) pi.head(ka).setZero();
     if (kb < w) pi.tail(w - kb).setZero();
-    eigen_array_map<T> dpi(dp_buf + i * w, w);
     dpi = pi * (dpi - in.dsum[row]);
   }
 }

@@ -1,7 +1,8 @@
 // tightfit/backend/detail/eigen_rowwise.hpp: the row-wise kernels of the Eigen backend
-// (embedding, RMSNorm, RoPE, SwiGLU, axpy/scale/fill/copy). Shapes and indices are checked by
-// eigen_backend before these run. Every reduction over rows (embedding and RMSNorm weight
-// gradients) runs in a fixed order, so results do not depend on the thread count.
+// (embedding, RMSNorm, RoPE, SwiGLU, GELU-tanh GLU, logit soft-capping, axpy/scale/fill/copy).
+// Shapes and indices are checked by eigen_backend before these run. Every reduction over rows
+// (embedding and RMSNorm weight gradients) runs in a fixed order, so results do not depend on the
+// thread count.
 #pragma once
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <span>
 
 #include "tightfit/backend/detail/eigen_map.hpp"
+#include "tightfit/backend/detail/gelu.hpp"
 #include "tightfit/core/memory.hpp"
 #include "tightfit/core/parallel.hpp"
 #include "tightfit/core/types.hpp"
@@ -180,6 +182,52 @@ void swiglu_backward(matrix_view<const T> gate, matrix_view<const T> up, matrix_
       row_array(dgate, i) += dy * row_array(up, i) * sig * (T(1) + g * (T(1) - sig));
       row_array(dup, i) += dy * g * sig;
     }
+  });
+}
+
+// ---- GELU-tanh gated MLP (Gemma) and logit soft-capping ---------------------------------------
+
+/// out = gelu_tanh(gate) * up = gate sigmoid(2u) up (detail/gelu.hpp).
+template <class T>
+void geglu_forward(matrix_view<const T> gate, matrix_view<const T> up, matrix_view<T> out) {
+  for_each_row(out.rows, out.cols, [&](index_t i) {
+    const auto g = row_array(gate, i);
+    row_array(out, i) =
+        g / (T(1) + (T(-2 * gelu_beta) * (g + T(gelu_kappa) * g * g * g)).exp()) * row_array(up, i);
+  });
+}
+
+/// dgate += dout * up * gelu_tanh'(g), dup += dout * gelu_tanh(g), through s = sigmoid(2u).
+template <class T>
+void geglu_backward(matrix_view<const T> gate, matrix_view<const T> up, matrix_view<const T> dout,
+                    matrix_view<T> dgate, matrix_view<T> dup) {
+  parallel_for(0, gate.rows, row_grain(gate.cols), [&](index_t i0, index_t i1) {
+    eigen_array<T> s(gate.cols);
+    for (index_t i = i0; i < i1; ++i) {
+      const auto g = row_array(gate, i);
+      const auto dy = row_array(dout, i);
+      s = T(1) / (T(1) + (T(-2 * gelu_beta) * (g + T(gelu_kappa) * g * g * g)).exp());
+      row_array(dgate, i) +=
+          dy * row_array(up, i) *
+          (s + T(2 * gelu_beta) * g * s * (T(1) - s) * (T(1) + T(3 * gelu_kappa) * g * g));
+      row_array(dup, i) += dy * g * s;
+    }
+  });
+}
+
+/// In place: x <- cap tanh(x / cap).
+template <class T>
+void logit_softcap_forward(matrix_view<T> x, T cap) {
+  for_each_row(x.rows, x.cols,
+               [&](index_t i) { row_array(x, i) = cap * (row_array(x, i) / cap).tanh(); });
+}
+
+/// In place: dx <- dx (1 - (capped / cap)^2).
+template <class T>
+void logit_softcap_backward(matrix_view<const T> capped, matrix_view<T> dx, T cap) {
+  for_each_row(dx.rows, dx.cols, [&](index_t i) {
+    const auto y = row_array(capped, i) / cap;
+    row_array(dx, i) *= T(1) - y * y;
   });
 }
 

@@ -208,8 +208,7 @@ void check_rope(const char* k, const matrix_view<T>& x, index_t heads, index_t h
 
 template <class T>
 void check_swiglu_forward(const matrix_view<const T>& gate, const matrix_view<const T>& up,
-                          const matrix_view<T>& out) {
-  const char* k = "swiglu_forward";
+                          const matrix_view<T>& out, const char* k = "swiglu_forward") {
   check_layout(k, "gate", gate);
   check_like(k, "up", up, "gate", gate.rows, gate.cols);
   check_like(k, "out", out, "gate", gate.rows, gate.cols);
@@ -218,13 +217,26 @@ void check_swiglu_forward(const matrix_view<const T>& gate, const matrix_view<co
 template <class T>
 void check_swiglu_backward(const matrix_view<const T>& gate, const matrix_view<const T>& up,
                            const matrix_view<const T>& dout, const matrix_view<T>& dgate,
-                           const matrix_view<T>& dup) {
-  const char* k = "swiglu_backward";
+                           const matrix_view<T>& dup, const char* k = "swiglu_backward") {
   check_layout(k, "gate", gate);
   check_like(k, "up", up, "gate", gate.rows, gate.cols);
   check_like(k, "dout", dout, "gate", gate.rows, gate.cols);
   check_like(k, "dgate", dgate, "gate", gate.rows, gate.cols);
   check_like(k, "dup", dup, "gate", gate.rows, gate.cols);
+}
+
+/// A logit soft-capping call: a finite cap > 0; backward: capped and dx of one shape.
+template <class T>
+void check_softcap(const char* k, const matrix_view<T>& x, double cap) {
+  check_layout(k, "x", x);
+  check(cap > 0 && std::isfinite(cap), k, ": cap is ", cap, ", expected a finite value > 0");
+}
+template <class T>
+void check_softcap_backward(const matrix_view<const T>& capped, const matrix_view<T>& dx,
+                            double cap) {
+  const char* k = "logit_softcap_backward";
+  check_softcap(k, capped, cap);
+  check_like(k, "dx", dx, "capped", capped.rows, capped.cols);
 }
 
 /// The mask of an attention call over nq queries: q0 >= 0, valid_len >= 1, window >= 0, and
@@ -233,6 +245,8 @@ inline void check_attention_mask(const char* k, const attention_mask& m, index_t
   check(m.q0 >= 0, k, ": q0 is ", m.q0, ", expected >= 0");
   check(m.valid_len >= 1, k, ": valid_len is ", m.valid_len, ", expected >= 1");
   check(m.window >= 0, k, ": window is ", m.window, ", expected >= 0 (0: no sliding window)");
+  check(m.softcap >= 0 && std::isfinite(m.softcap), k, ": softcap is ", m.softcap,
+        ", expected a finite value >= 0 (0: no soft-capping)");
   if (m.doc_start.empty()) return;
   const index_t need = m.q0 + nq;
   check(static_cast<index_t>(m.doc_start.size()) >= need, k, ": doc_start.size is ",
