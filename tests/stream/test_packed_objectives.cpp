@@ -201,3 +201,19 @@ TEST_CASE("mask_truncated_completions masks each packed document without a stop 
   std::vector<token_id> rows(16, 1);
   CHECK(mask_truncated_completions(rows, ids, 2, 8, lengths, stop) == 2);
 }
+
+// Also the regression test of default grpo_options passed on (see grpo_loss's constructor).
+TEST_CASE("packed GRPO: advantages are one per document, named in the error") {
+  const auto cfg = tiny_config(4, 2, true, true, 2);
+  const two_layouts l(cfg.vocab_size);
+  const std::vector<double> per_row{0.8, -1.2};
+  grpo_options o;
+  const std::vector<double> none;
+  grpo_loss loss(per_row, none, none, o);
+  try {
+    run_objective(cfg, l.packed(), loss, backward_schedule::stream, 4);
+    FAIL("no error");
+  } catch (const error& e) {
+    CHECK(std::string(e.what()).find("advantages.size") != std::string::npos);
+  }
+}

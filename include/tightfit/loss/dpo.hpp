@@ -69,7 +69,7 @@ class dpo_loss {
   /// (may be empty for simpo and orpo).
   dpo_loss(std::span<const index_t> chosen, std::span<const index_t> rejected,
            std::span<const double> ref_chosen, std::span<const double> ref_rejected,
-           dpo_options options = {})
+           const dpo_options& options = {})
       : chosen_(chosen),
         rejected_(rejected),
         ref_w_(ref_chosen),

@@ -121,9 +121,11 @@ inline index_t mask_truncated_completions(std::span<token_id> targets,
 class grpo_loss {
  public:
   /// advantages (one per sequence: B, or D documents of a packed batch in row-major order);
-  /// old_logprobs, ref_logprobs (B*T) aligned with the targets (may be empty).
+  /// old_logprobs, ref_logprobs (B*T) aligned with the targets (may be empty). The options go
+  /// by reference: GCC 12.2 at -O2 with AVX-512 miscompiles this struct passed by value (the
+  /// copy becomes epsilon_low broadcast over the four doubles, so delta reads 0.2).
   grpo_loss(std::span<const double> advantages, std::span<const double> old_logprobs,
-            std::span<const double> ref_logprobs, grpo_options options = {})
+            std::span<const double> ref_logprobs, const grpo_options& options = {})
       : adv_(advantages), old_(old_logprobs), ref_(ref_logprobs), opt_(options) {
     check(opt_.epsilon_low >= 0 && opt_.epsilon_low < 1, "grpo_loss: epsilon_low is ",
           opt_.epsilon_low, ", expected in [0, 1)");
