@@ -302,6 +302,11 @@ TEST_CASE("LoRA merge: W0 + s B A, same loss; rsLoRA scale; bad configurations")
   bad.rank = 0;
   CHECK_THROWS_WITH_AS(bad.validate(), doctest::Contains("rank r is 0"), error);
   CHECK(split_target_modules("q_proj,v_proj") == std::vector<std::string>{"q_proj", "v_proj"});
+  backward_options wrong;
+  wrong.frozen_params.assign(3, true);
+  sft_loss l3;
+  CHECK_THROWS_WITH_AS(compute_gradients(model, batch.view(), l3, wrong),
+                       doctest::Contains("frozen_params has 3 entries"), error);
 }
 
 TEST_CASE("LoRA initialisation: PEFT's (A uniform in 1/sqrt(in), B zero), seeded") {

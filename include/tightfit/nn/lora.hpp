@@ -13,6 +13,8 @@
 // Invariants: while a lora_adapters object lives (and until merge()), the model's layers are
 // bound to it (nn/adapters.hpp) and the model computes W0 + s B A; merge() adds s B A into
 // the base weights and unbinds, so the model's function does not change. Dropout: 0 only.
+// Lifetime: construct the adapters after the model and destroy them before it (the destructor
+// unbinds the layers).
 #pragma once
 
 #include <cmath>

@@ -86,12 +86,12 @@ struct backward_options {
   index_t head_chunk_rows = 0;            ///< rows per streaming-head chunk; 0: chunk * B
   double temperature = 1.0;               ///< tau of the token log-probs
   std::vector<bool> layer_weight_grads;   ///< per layer; empty: every layer
+  bool embedding_grad = true;             ///< gradient of model.embed_tokens.weight
+  bool head_grad = true;                  ///< gradients of model.norm and lm_head
   /// Per parameter position (empty: none): a frozen layer parameter gets no gradient buffer (one it
   /// holds is released) and its weight-gradient GEMM does not run, even in a layer that needs
   /// weight gradients (LoRA: the base weights of layers whose adapters train, nn/lora.hpp).
   std::vector<bool> frozen_params;
-  bool embedding_grad = true;  ///< gradient of model.embed_tokens.weight
-  bool head_grad = true;       ///< gradients of model.norm and lm_head
   /// Allocate a layer's gradient buffers right before its backward instead of up front (they
   /// then count as activation bytes). With on_grads_ready releasing them (BREAD-SGD, LOMO,
   /// low-rank projections), only one layer's gradients exist at a time.
