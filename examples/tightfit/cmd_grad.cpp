@@ -227,7 +227,8 @@ int run_grad_with(const arguments& a, const model_config& cfg, Comm& comm) {
     grpo_loss loss(adv, old, refp, go);
     const auto my_adv = take_rows(adv, my_rows, 1), my_old = take_rows(old, my_rows, t),
                my_ref = take_rows(refp, my_rows, t);
-    grpo_loss mine(my_adv, my_old, my_ref, go);
+    // this rank's rows (data parallel only: in one process my_rows is empty)
+    grpo_loss mine = parallel == "data" ? grpo_loss(my_adv, my_old, my_ref, go) : loss;
     result = gradients(loss, mine);
   } else if (objective == "dpo") {
     const index_t p = lb.pairs();
