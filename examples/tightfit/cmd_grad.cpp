@@ -18,7 +18,9 @@
 #include "checks.hpp"
 #include "commands.hpp"
 #include "tightfit/backend/eigen.hpp"
+#include "tightfit/dist/data_parallel.hpp"
 #include "tightfit/dist/self_communicator.hpp"
+#include "tightfit/dist/sequence_parallel.hpp"
 #include "tightfit/io/safetensors.hpp"
 #include "tightfit/loss/dpo.hpp"
 #include "tightfit/loss/grpo.hpp"
@@ -27,9 +29,7 @@
 #include "tightfit/stream/backward.hpp"
 #include "tightfit/stream/planner.hpp"
 #if defined(TIGHTFIT_HAS_MPI)
-#include "tightfit/dist/data_parallel.hpp"
 #include "tightfit/dist/mpi_communicator.hpp"
-#include "tightfit/dist/sequence_parallel.hpp"
 #endif
 
 namespace tightfit::cli {
@@ -357,7 +357,9 @@ int run_grad(const arguments& a, Comm& comm) {
     std::vector<index_t> my_pairs;
     for (index_t i = p * me / ranks; i < p * (me + 1) / ranks; ++i) my_pairs.push_back(i);
     const auto my_ref_w = take_rows(ref_w, my_pairs, 1), my_ref_l = take_rows(ref_l, my_pairs, 1);
-    dpo_loss mine(my_chosen, my_rejected, my_ref_w, my_ref_l, dopt);
+    // this rank's pairs (data parallel; with sequence parallelism a rank may have none)
+    dpo_loss mine =
+        parallel == "data" ? dpo_loss(my_chosen, my_rejected, my_ref_w, my_ref_l, dopt) : loss;
     result = gradients(loss, mine);
   } else {
     throw usage_error{"--objective expects sft, grpo or dpo, got '" + objective + "'"};
