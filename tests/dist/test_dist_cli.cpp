@@ -3,7 +3,8 @@
 // (every step's rows of both ranks) to 1e-12 for ZeRO-1 AdamW with gradient accumulation, BAdam
 // and BREAD-SGD; rank 0 alone prints and writes; a sharded state saved by 2 ranks resumes on 2
 // (4 steps = 2, save, resume 2) and is refused on 3 with a message naming both counts; bad input
-// ends the whole job, a wrong argument prints the usage once (rank 0).
+// ends the whole job, a wrong argument prints the usage once (rank 0). `tightfit grad
+// --parallel data|sequence` on 2 and 3 ranks: loss and gradients equal one process (1e-12).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -190,4 +191,131 @@ TEST_CASE("mpirun -np 2: bad input ends the whole job with one report per rank, 
     ++usages;
   CHECK(usages == 1);
   CHECK(r.err.find("--grad-accum") != std::string::npos);
+}
+
+namespace {
+
+/// Batch files for `tightfit grad`: sft and grpo (3 rows of T = 11, right padding to 11, 9
+/// and 10, some labels ignored; grpo adds advantages and old/ref log-probs) and dpo (2 pairs).
+struct grad_fixture : fixture {
+  fs::path sft = dir / "sft.safetensors", grpo = dir / "grpo.safetensors",
+           dpo = dir / "dpo.safetensors";
+  grad_fixture() {
+    const index_t b = 3, t = 11;
+    const std::vector<index_t> lens{11, 9, 10};
+    std::vector<std::int64_t> ids, labels, mask;
+    std::vector<double> adv, old_lp, ref_lp;
+    for (index_t r = 0; r < b; ++r) {
+      adv.push_back(0.5 - 0.4 * static_cast<double>(r));
+      for (index_t k = 0; k < t; ++k) {
+        ids.push_back((5 * r + 3 * k + 1) % 8);
+        labels.push_back(k < 1 + r ? ignore_index : ids.back());
+        mask.push_back(k < lens[static_cast<std::size_t>(r)] ? 1 : 0);
+        old_lp.push_back(-2.1 + 0.05 * static_cast<double>((r + k) % 7));
+        ref_lp.push_back(-2.0 - 0.03 * static_cast<double>((2 * r + k) % 5));
+      }
+    }
+    safetensors_writer w;
+    w.add("input_ids", {b, t}, std::span<const std::int64_t>(ids));
+    w.add("labels", {b, t}, std::span<const std::int64_t>(labels));
+    w.add("attention_mask", {b, t}, std::span<const std::int64_t>(mask));
+    w.write(sft);
+    w.add("advantages", {b}, std::span<const double>(adv));
+    w.add("old_logprobs", {b, t}, std::span<const double>(old_lp));
+    w.add("ref_logprobs", {b, t}, std::span<const double>(ref_lp));
+    w.write(grpo);
+    const index_t p = 2;
+    std::vector<std::int64_t> ci, cl, ri, rl, cm, rm;
+    for (index_t r = 0; r < p; ++r)
+      for (index_t k = 0; k < t; ++k) {
+        ci.push_back((2 * r + k) % 8);
+        ri.push_back((3 * r + 2 * k + 1) % 8);
+        cl.push_back(k < 3 ? ignore_index : ci.back());
+        rl.push_back(k < 3 ? ignore_index : ri.back());
+        cm.push_back(k < t - r ? 1 : 0);
+        rm.push_back(k < t - 2 * r ? 1 : 0);
+      }
+    const std::vector<double> ref_w{-15.0, -16.5}, ref_l{-15.5, -16.0};
+    safetensors_writer d;
+    d.add("chosen_input_ids", {p, t}, std::span<const std::int64_t>(ci));
+    d.add("chosen_labels", {p, t}, std::span<const std::int64_t>(cl));
+    d.add("rejected_input_ids", {p, t}, std::span<const std::int64_t>(ri));
+    d.add("rejected_labels", {p, t}, std::span<const std::int64_t>(rl));
+    d.add("chosen_attention_mask", {p, t}, std::span<const std::int64_t>(cm));
+    d.add("rejected_attention_mask", {p, t}, std::span<const std::int64_t>(rm));
+    d.add("ref_chosen_logps", {p}, std::span<const double>(ref_w));
+    d.add("ref_rejected_logps", {p}, std::span<const double>(ref_l));
+    d.write(dpo);
+  }
+};
+
+/// Every tensor of a gradient file, in the file's order.
+std::vector<std::vector<double>> gradient_file(const fs::path& p) {
+  const auto f = safetensors_file::open(p);
+  std::vector<std::vector<double>> out;
+  for (const auto& t : f.tensors()) out.push_back(f.template read<double>(t.name));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("mpirun -np 2 and 3 grad --parallel data|sequence equal one process (f64)") {
+  grad_fixture f;
+  struct grad_case {
+    const char* objective;
+    const fs::path* batch;
+    const char* extra;
+  };
+  for (const grad_case& c :
+       {grad_case{"sft", &f.sft, ""}, grad_case{"grpo", &f.grpo, "--beta 0.04"},
+        grad_case{"dpo", &f.dpo, "--beta 0.1"}}) {
+    const std::string name = c.objective;
+    const std::string base = "grad --model " + q(f.model) + " --batch " + q(*c.batch) +
+                             " --objective " + name + " --dtype f64 --chunk 2 " + c.extra;
+    const auto want_out = f.dir / (name + "-one.safetensors");
+    const auto one = cli_testing::run(base + " --out " + q(want_out));
+    INFO(one.err);
+    REQUIRE(one.code == 0);
+    const double want_loss = nlohmann::json::parse(one.out)["loss"].get<double>();
+    const auto want = gradient_file(want_out);
+    struct par_case {
+      int ranks;
+      const char* args;
+    };
+    for (const par_case& p :
+         {par_case{2, "--parallel sequence"}, par_case{3, "--parallel sequence"},
+          par_case{2, "--parallel sequence --assignment contiguous"},
+          par_case{3, "--parallel sequence --assignment contiguous --schedule checkpoint"},
+          par_case{2, "--parallel data"}, par_case{3, "--parallel data"}}) {
+      if (name == "dpo" && p.ranks == 3 && std::string(p.args) == "--parallel data")
+        continue;  // 2 pairs
+      CAPTURE(name);
+      CAPTURE(p.ranks);
+      CAPTURE(std::string(p.args));
+      const auto got_out = f.dir / (name + "-par.safetensors");
+      fs::remove(got_out);
+      const auto got = mpirun(p.ranks, base + " " + p.args + " --out " + q(got_out));
+      INFO(got.err);
+      REQUIRE(got.code == 0);
+      CHECK(lines(got.out) == 1);  // rank 0 alone prints
+      const auto json = nlohmann::json::parse(got.out);
+      CHECK(json["ranks"].get<int>() == p.ranks);
+      CHECK(std::abs(json["loss"].get<double>() - want_loss) <= 1e-12 * std::abs(want_loss));
+      CHECK(max_rel(gradient_file(got_out), want) <= 1e-12);
+    }
+  }
+  // Arguments: a wrong --parallel exits 2 with the usage once; too few positions per rank end
+  // the whole job with the error naming T and the ranks.
+  auto r = mpirun(2, "grad --model " + q(f.model) + " --batch " + q(f.sft) + " --parallel rows");
+  CHECK(r.code == 2);
+  std::size_t usages = 0;
+  for (auto at = r.err.find("usage: tightfit grad"); at != std::string::npos;
+       at = r.err.find("usage: tightfit grad", at + 1))
+    ++usages;
+  CHECK(usages == 1);
+  CHECK(r.err.find("--parallel expects data or sequence, got 'rows'") != std::string::npos);
+  r = mpirun(3, "grad --model " + q(f.model) + " --batch " + q(f.dpo) +
+                    " --objective dpo --parallel data");
+  CHECK(r.code != 0);
+  CHECK(r.err.find("2 pairs for 3 ranks") != std::string::npos);
 }

@@ -2,6 +2,7 @@
 // micro-batches (step_gradients with self_communicator); no MPI needed.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "tightfit/dist/agreement.hpp"
 #include "tightfit/dist/data_parallel.hpp"
 #include "tightfit/dist/self_communicator.hpp"
+#include "tightfit/dist/sequence_parallel.hpp"
 
 using namespace tightfit;
 
@@ -139,4 +141,31 @@ TEST_CASE("negative control: micro-batches normalised each by itself miss the un
     loss += compute_gradients(model, p->rows.view(), per_piece, stream_opts(3)).loss / 2;
   }
   CHECK(max_grads_rel_diff(model_grads(model), want.grads) > 1e-3);
+}
+
+TEST_CASE("sequence parallel in one process (self_communicator): compute_gradients' gradients") {
+  // One rank owns every position (zig-zag: two blocks); the driver's shard path (deferred K/V
+  // projections, the objective adapter) must still give one process's gradients.
+  const model_config cfg = tiny_config(4, 2, true, false, 2);
+  const piece p(4, 9, cfg.vocab_size, 17);
+  for (const char* name : {"sft", "grpo", "dpo"})
+    for (auto assign : {sequence_assignment::contiguous, sequence_assignment::zigzag}) {
+      CAPTURE(name);
+      CAPTURE(static_cast<int>(assign));
+      backward_options opt;
+      opt.chunk = 2;
+      reference_backend<double> be1, be2;
+      decoder_model<reference_backend<double>> one(be1, cfg), sp(be2, cfg);
+      seed_weights(one);
+      seed_weights(sp);
+      test_objective o1 = make_objective({name, 0}, p), o2 = make_objective({name, 0}, p);
+      const double want = compute_gradients(one, p.rows.view(), o1, opt).loss;
+      self_communicator self;
+      sequence_parallel_stats st;
+      const double got =
+          sequence_parallel_gradients(sp, p.rows.view(), o2, opt, self, {assign}, &st).loss;
+      CHECK(std::abs(got - want) <= 1e-12 * std::abs(want));
+      CHECK(max_grads_rel_diff(model_grads(sp), model_grads(one)) <= 1e-12);
+      CHECK(st.local_positions == 9);
+    }
 }

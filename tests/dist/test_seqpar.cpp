@@ -160,7 +160,8 @@ TEST_CASE("sequence parallel: zig-zag evens out the attention work of causal att
   CHECK(imbalance[1] < 1.05);
 }
 
-TEST_CASE("sequence parallel: unsupported options are refused on every rank") {
+TEST_CASE(
+    "sequence parallel: unsupported options and disagreeing ranks are refused on every rank") {
   auto& comm = world();
   const model_config cfg = tiny_config(4, 2, true, false, 2);
   reference_backend<double> be;
@@ -175,6 +176,15 @@ TEST_CASE("sequence parallel: unsupported options are refused on every rank") {
   opt.keep_every = 2;
   CHECK_THROWS_WITH(sequence_parallel_gradients(model, rows.view(), objective, opt, comm),
                     doctest::Contains("keep_every is 2"));
+  // Ranks that disagree (here on the assignment) fail at the first collective, on every rank.
+  if (comm.size() >= 2) {
+    const auto mixed =
+        comm.rank() == 0 ? sequence_assignment::contiguous : sequence_assignment::zigzag;
+    CHECK_THROWS_WITH(
+        sequence_parallel_gradients(model, rows.view(), objective,
+                                    seqpar_opts(backward_schedule::stream, 2), comm, {mixed}),
+        doctest::Contains("ranks disagree on the model, batch shape and options"));
+  }
   const random_batch short_rows(1, 3, cfg.vocab_size, {}, 3);
   if (comm.size() >= 2)
     CHECK_THROWS_WITH(sequence_parallel_gradients(model, short_rows.view(), objective,
