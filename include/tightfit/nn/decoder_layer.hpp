@@ -44,6 +44,7 @@
 #include "tightfit/backend/concept.hpp"
 #include "tightfit/nn/adapters.hpp"
 #include "tightfit/nn/config.hpp"
+#include "tightfit/nn/detail/layer_parts.hpp"
 #include "tightfit/nn/layer.hpp"
 #include "tightfit/nn/parameters.hpp"
 #include "tightfit/nn/rope.hpp"
@@ -110,11 +111,10 @@ class decoder_layer {
   using buffer = buffer_t<B>;
 
   decoder_layer(parameter_set<B>& params, const model_config& config, index_t layer_index)
-      : params_(&params),
+      : w_(params),
         cfg_(config),
         index_(layer_index),
-        window_(config.layer_window(layer_index)),
-        rope_(rope_init(config, config.max_position_embeddings)) {
+        pos_(config, config.layer_window(layer_index), config.attn_logit_softcapping) {
     const std::string p = hf_names::layer_prefix(layer_index);
     for (const auto& row : decoder_layer_table(cfg_)) ids_.*row.slot = params.at(p + row.spec.name);
   }
@@ -139,10 +139,10 @@ class decoder_layer {
                index_t chunk, bool keep) {
     check_rows("forward", seq, x, y);
     check(chunk >= 1, "decoder_layer::forward: chunk is ", chunk, ", expected >= 1");
-    prepare(seq);
+    pos_.prepare(seq);
     const index_t t = seq.seq_len;
     if (keep) chunk = t;
-    kv_state kv = make_kv(be, seq.rows());
+    kv_state kv(be, cfg_, seq.rows());
     for (index_t c0 = 0; c0 < t; c0 += chunk) {
       const index_t c1 = std::min(t, c0 + chunk);
       chunk_acts a = make_acts(be, seq, x, c0, c1);
@@ -159,12 +159,12 @@ class decoder_layer {
   void begin_backward(B& be, const sequence_batch& seq, matrix_view<const T> x, index_t chunk,
                       layer_grad_mode /*mode*/) {
     check_extent("decoder_layer::begin_backward", "x.rows", x.rows, seq.rows());
-    prepare(seq);
+    pos_.prepare(seq);
     if (kept_kv_) {
       kv_ = std::move(*kept_kv_);
       kept_kv_.reset();
     } else {
-      kv_ = make_kv(be, seq.rows());
+      kv_.emplace(be, cfg_, seq.rows());
       const index_t t = seq.seq_len, step = std::max<index_t>(1, chunk);
       for (index_t c0 = 0; c0 < t; c0 += step) {
         const index_t c1 = std::min(t, c0 + step);
@@ -172,8 +172,7 @@ class decoder_layer {
         project_kv(be, seq, a, c0, c1, *kv_);
       }
     }
-    kv_->dk = be.template allocate<T>(seq.rows() * cfg_.kv_width());  // (B*T, Hkv*hd)
-    kv_->dv = be.template allocate<T>(seq.rows() * cfg_.kv_width());  // (B*T, Hkv*hd)
+    kv_->allocate_grads(be, cfg_, seq.rows());
   }
 
   /// Backward of positions [c0, c1) of every sequence (chunks must come last to first).
@@ -216,8 +215,8 @@ class decoder_layer {
     check(chunk >= 1, "decoder_layer::forward_shard: chunk is ", chunk, ", expected >= 1");
     use_shard(seq, shard);
     check_rows("forward_shard", seq, x, y);
-    prepare(seq);
-    kv_state kv = make_kv(be, seq.rows());
+    pos_.prepare(seq);
+    kv_state kv(be, cfg_, seq.rows());
     for_each_shard_chunk(chunk, false, [&](index_t c0, index_t c1) {
       chunk_acts a = make_acts(be, seq, x, c0, c1);
       project_kv(be, seq, a, c0, c1, kv);
@@ -238,18 +237,17 @@ class decoder_layer {
                             const kv_exchange<T>& exchange) {
     use_shard(seq, shard);
     check_extent("decoder_layer::begin_backward_shard", "x.rows", x.rows, local_rows(seq));
-    prepare(seq);
+    pos_.prepare(seq);
     kept_acts_.reset();
     kept_kv_.reset();
     shard_chunk_ = std::max<index_t>(1, chunk);
-    kv_ = make_kv(be, seq.rows());
+    kv_.emplace(be, cfg_, seq.rows());
     for_each_shard_chunk(shard_chunk_, false, [&](index_t c0, index_t c1) {
       chunk_acts a = make_acts(be, seq, x, c0, c1);
       project_kv(be, seq, a, c0, c1, *kv_);
     });
     exchange(kv_->k.span(), kv_->v.span());
-    kv_->dk = be.template allocate<T>(seq.rows() * cfg_.kv_width());  // (B*T, Hkv*hd)
-    kv_->dv = be.template allocate<T>(seq.rows() * cfg_.kv_width());  // (B*T, Hkv*hd)
+    kv_->allocate_grads(be, cfg_, seq.rows());
   }
 
   /// After the shard's chunks: frees K/V, calls reduce (own dK/dV rows become the sums over
@@ -274,23 +272,16 @@ class decoder_layer {
                           mode.weight_grads);
         buffer dxc = be.template allocate<T>(n * d);  // (n, d) this chunk's dx rows
         if (mode.input_grad) gather_x(be, seq, c0, c1, matrix_view<const T>(dx), dxc.view(n, d));
-        be.rmsnorm_backward(a.xv, vec(ids_.input_norm), a.rstd1.span(), dh1.view(n, d),
-                            dxc.view(n, d), grad_vec(ids_.input_norm, mode.weight_grads));
+        be.rmsnorm_backward(a.xv, w_.vec(ids_.input_norm), a.rstd1.span(), dh1.view(n, d),
+                            dxc.view(n, d), w_.grad_vec(ids_.input_norm, mode.weight_grads));
         if (mode.input_grad) scatter_x(be, seq, c0, c1, matrix_view<const T>(dxc.view(n, d)), dx);
       });
     end_backward(be);
   }
 
  private:
-  /// Per-layer K/V of all B*T rows.
-  struct kv_state {
-    buffer k_raw;   // (B*T, Hkv*hd) k before q/k-norm (only with qk_norm)
-    buffer rstd_k;  // (B*T*Hkv) k-norm rstd (only with qk_norm)
-    buffer k;       // (B*T, Hkv*hd) after k-norm and RoPE
-    buffer v;       // (B*T, Hkv*hd)
-    buffer dk;      // (B*T, Hkv*hd) accumulator, w.r.t. k
-    buffer dv;      // (B*T, Hkv*hd) accumulator
-  };
+  /// Per-layer K/V of all B*T rows and the dK/dV accumulators.
+  using kv_state = detail::kv_rows<B>;
 
   /// Activations of positions [c0, c1) of all sequences, n = B*(c1-c0) gathered rows.
   struct chunk_acts {
@@ -366,7 +357,7 @@ class decoder_layer {
     auto yv = y_c.view((c1 - c0) * seq.batch, cfg_.hidden_size);  // (B*c, d)
     be.copy(a.x2.view(yv.rows, yv.cols), yv);
     be.gemm(transpose::no, transpose::yes, A(1), a.act.view(yv.rows, cfg_.intermediate_size),
-            weight(ids_.down_proj, cfg_.hidden_size, cfg_.intermediate_size), A(1), yv);
+            w_.weight(ids_.down_proj, cfg_.hidden_size, cfg_.intermediate_size), A(1), yv);
     if (cfg_.mlp_bias) add_bias(be, ids_.down_bias, yv);
     lora_forward(be, projection::down_proj, a.act.view(yv.rows, cfg_.intermediate_size), yv);
     scatter_x(be, seq, c0, c1, matrix_view<const T>(yv), y);
@@ -374,26 +365,9 @@ class decoder_layer {
 
   void check_rows(const char* where, const sequence_batch& seq, matrix_view<const T> in,
                   matrix_view<T> out) const {
-    const std::string w = std::string("decoder_layer::") + where;
-    check_extent(w.c_str(), "input rows", in.rows, local_rows(seq));
-    check_extent(w.c_str(), "input cols", in.cols, cfg_.hidden_size);
-    check_extent(w.c_str(), "output rows", out.rows, local_rows(seq));
-    check_extent(w.c_str(), "output cols", out.cols, cfg_.hidden_size);
+    detail::check_layer_rows(std::string("decoder_layer::") + where, local_rows(seq),
+                             cfg_.hidden_size, in, out);
   }
-
-  matrix_view<const T> weight(std::size_t id, index_t rows, index_t cols) const {
-    return as_matrix(std::span<const T>(params_->value(id)), rows, cols);
-  }
-  std::span<const T> vec(std::size_t id) const { return params_->value(id); }
-  matrix_view<T> grad(std::size_t id, index_t rows, index_t cols) const {
-    return as_matrix(params_->grad(id), rows, cols);
-  }
-  std::span<T> grad_vec(std::size_t id, bool wanted) const {
-    return wanted && params_->has_grad(id) ? params_->grad(id) : std::span<T>{};
-  }
-  /// Whether the gradient of parameter `id` is accumulated: weight gradients are asked for and
-  /// the parameter holds a gradient buffer (one without is frozen).
-  bool wants(std::size_t id, bool wg) const { return wg && params_->has_grad(id); }
 
   /// y (n, out) += s (x A^T) B^T for projection p's adapter (nothing without one).
   void lora_forward(B& be, projection p, matrix_view<const T> x, matrix_view<T> y) const {
@@ -439,56 +413,14 @@ class decoder_layer {
     buffer ones = be.template allocate<T>(y.rows);  // (n, 1)
     be.fill(ones.view(y.rows, 1), A(1));
     be.gemm(transpose::no, transpose::no, A(1), matrix_view<const T>(ones.view(y.rows, 1)),
-            as_matrix(vec(id), 1, y.cols), A(1), y);
+            as_matrix(w_.vec(id), 1, y.cols), A(1), y);
   }
   /// grad of bias `id` (1, w) += 1^T (1, n) dy (n, w): the column sums of dy.
   void add_bias_grad(B& be, std::size_t id, matrix_view<const T> dy) const {
     buffer ones = be.template allocate<T>(dy.rows);  // (n, 1)
     be.fill(ones.view(dy.rows, 1), A(1));
     be.gemm(transpose::yes, transpose::no, A(1), matrix_view<const T>(ones.view(dy.rows, 1)), dy,
-            A(1), grad(id, 1, dy.cols));
-  }
-
-  kv_state make_kv(B& be, index_t rows) const {
-    kv_state kv;
-    if (cfg_.qk_norm) {
-      kv.k_raw = be.template allocate<T>(rows * cfg_.kv_width());
-      kv.rstd_k = be.template allocate<T>(rows * cfg_.num_key_value_heads);
-    }
-    kv.k = be.template allocate<T>(rows * cfg_.kv_width());
-    kv.v = be.template allocate<T>(rows * cfg_.kv_width());
-    return kv;
-  }
-
-  /// Per-batch state from the batch layout: document starts (packed sequences) and, for dynamic
-  /// rope, the frequencies of the batch's largest position.
-  void prepare(const sequence_batch& seq) {
-    seq.validate();
-    doc_start_.clear();
-    index_t longest = seq.seq_len;
-    if (!seq.position_ids.empty()) {
-      doc_start_.resize(static_cast<std::size_t>(seq.rows()));
-      longest = 0;
-      for (index_t r = 0; r < seq.rows(); ++r) {
-        const index_t pos = seq.position_ids[static_cast<std::size_t>(r)];
-        doc_start_[static_cast<std::size_t>(r)] = r % seq.seq_len - pos;
-        longest = std::max(longest, pos + 1);
-      }
-    }
-    if (cfg_.rope_scaling.rope_type == "dynamic") rope_ = rope_init(cfg_, longest);
-  }
-
-  /// The attention mask of sequence b's queries from position c0 on (keys [0, c1)).
-  attention_mask mask_of(const sequence_batch& seq, index_t b, index_t c0) const {
-    attention_mask m;
-    m.q0 = c0;
-    m.valid_len = seq.length(b);
-    m.window = window_;
-    if (!doc_start_.empty())
-      m.doc_start = std::span<const index_t>(doc_start_)
-                        .subspan(static_cast<std::size_t>(b * seq.seq_len),
-                                 static_cast<std::size_t>(seq.seq_len));
-    return m;
+            A(1), w_.grad(id, 1, dy.cols));
   }
 
   /// Gathers the chunk's input rows and computes h1 = RMSNorm(x).
@@ -508,40 +440,21 @@ class decoder_layer {
     }
     a.h1 = be.template allocate<T>(a.n * d);
     a.rstd1 = be.template allocate<T>(a.n);
-    be.rmsnorm_forward(a.xv, vec(ids_.input_norm), A(cfg_.rms_norm_eps), a.h1.view(a.n, d),
+    be.rmsnorm_forward(a.xv, w_.vec(ids_.input_norm), A(cfg_.rms_norm_eps), a.h1.view(a.n, d),
                        a.rstd1.span());
     return a;
-  }
-
-  /// RoPE on the rows of every sequence of a gathered (B*c, heads*hd) chunk.
-  void rope_rows(B& be, const sequence_batch& seq, matrix_view<T> m, index_t heads, index_t c0,
-                 index_t c1, bool backward) const {
-    const index_t c = c1 - c0;
-    for (index_t b = 0; b < seq.batch; ++b) {
-      auto rows = m.row_range(b * c, (b + 1) * c);
-      const rope_args r = seq.position_ids.empty()
-                              ? rope_.args(c0)
-                              : rope_.args(0, seq.position_ids.subspan(
-                                                  static_cast<std::size_t>(b * seq.seq_len + c0),
-                                                  static_cast<std::size_t>(c)));
-      if (backward)
-        be.rope_backward(rows, heads, cfg_.head_dim, r);
-      else
-        be.rope_forward(rows, heads, cfg_.head_dim, r);
-    }
   }
 
   /// K and V of the chunk's rows (from a.h1) written into rows [c0, c1) of kv.
   void project_kv(B& be, const sequence_batch& seq, const chunk_acts& a, index_t c0, index_t c1,
                   kv_state& kv) const {
-    const index_t n = a.n, d = cfg_.hidden_size, kvw = cfg_.kv_width(), hd = cfg_.head_dim;
-    const index_t rows = seq.rows();
+    const index_t n = a.n, d = cfg_.hidden_size, kvw = cfg_.kv_width();
     buffer k_c = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
     buffer v_c = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
     auto h1 = a.h1.view(n, d);
-    be.gemm(transpose::no, transpose::yes, A(1), h1, weight(ids_.k_proj, kvw, d), A(0),
+    be.gemm(transpose::no, transpose::yes, A(1), h1, w_.weight(ids_.k_proj, kvw, d), A(0),
             k_c.view(n, kvw));
-    be.gemm(transpose::no, transpose::yes, A(1), h1, weight(ids_.v_proj, kvw, d), A(0),
+    be.gemm(transpose::no, transpose::yes, A(1), h1, w_.weight(ids_.v_proj, kvw, d), A(0),
             v_c.view(n, kvw));
     if (cfg_.qkv_bias) {
       add_bias(be, ids_.k_bias, k_c.view(n, kvw));
@@ -549,79 +462,55 @@ class decoder_layer {
     }
     lora_forward(be, projection::k_proj, h1, k_c.view(n, kvw));
     lora_forward(be, projection::v_proj, h1, v_c.view(n, kvw));
-    scatter_rows(be, seq, c0, c1, matrix_view<const T>(v_c.view(n, kvw)), kv.v.view(rows, kvw));
-    if (cfg_.qk_norm) {
-      scatter_rows(be, seq, c0, c1, matrix_view<const T>(k_c.view(n, kvw)),
-                   kv.k_raw.view(rows, kvw));
-      buffer kn = be.template allocate<T>(n * kvw);
-      buffer rstd = be.template allocate<T>(n * cfg_.num_key_value_heads);
-      be.rmsnorm_forward(k_c.view(n * cfg_.num_key_value_heads, hd), vec(ids_.k_norm),
-                         A(cfg_.rms_norm_eps), kn.view(n * cfg_.num_key_value_heads, hd),
-                         rstd.span());
-      scatter_rows(be, seq, c0, c1, matrix_view<const T>(rstd.view(n, cfg_.num_key_value_heads)),
-                   kv.rstd_k.view(rows, cfg_.num_key_value_heads));
-      k_c = std::move(kn);
-    }
-    rope_rows(be, seq, k_c.view(n, kvw), cfg_.num_key_value_heads, c0, c1, false);
-    scatter_rows(be, seq, c0, c1, matrix_view<const T>(k_c.view(n, kvw)), kv.k.view(rows, kvw));
+    detail::store_kv(be, seq, cfg_, pos_, w_.vec(ids_.k_norm), std::move(k_c), std::move(v_c), c0,
+                     c1, kv);
   }
 
   /// The chunk's forward up to the MLP activation (everything backward_rows needs).
   void forward_chunk(B& be, const sequence_batch& seq, chunk_acts& a, const kv_state& kv,
                      index_t c0, index_t c1) const {
-    const index_t n = a.n, d = cfg_.hidden_size, qw = cfg_.q_width(), kvw = cfg_.kv_width();
-    const index_t h = cfg_.num_attention_heads, hd = cfg_.head_dim, f = cfg_.intermediate_size;
-    const index_t c = c1 - c0, t = seq.seq_len;
+    const index_t n = a.n, d = cfg_.hidden_size, qw = cfg_.q_width();
+    const index_t h = cfg_.num_attention_heads, f = cfg_.intermediate_size;
     auto h1 = a.h1.view(n, d);
     a.q = be.template allocate<T>(n * qw);
     if (cfg_.qk_norm) {
       a.q_raw = be.template allocate<T>(n * qw);
       a.rstd_q = be.template allocate<T>(n * h);
-      be.gemm(transpose::no, transpose::yes, A(1), h1, weight(ids_.q_proj, qw, d), A(0),
+      be.gemm(transpose::no, transpose::yes, A(1), h1, w_.weight(ids_.q_proj, qw, d), A(0),
               a.q_raw.view(n, qw));
       if (cfg_.qkv_bias) add_bias(be, ids_.q_bias, a.q_raw.view(n, qw));
       lora_forward(be, projection::q_proj, h1, a.q_raw.view(n, qw));
-      be.rmsnorm_forward(a.q_raw.view(n * h, hd), vec(ids_.q_norm), A(cfg_.rms_norm_eps),
-                         a.q.view(n * h, hd), a.rstd_q.span());
     } else {
-      be.gemm(transpose::no, transpose::yes, A(1), h1, weight(ids_.q_proj, qw, d), A(0),
+      be.gemm(transpose::no, transpose::yes, A(1), h1, w_.weight(ids_.q_proj, qw, d), A(0),
               a.q.view(n, qw));
       if (cfg_.qkv_bias) add_bias(be, ids_.q_bias, a.q.view(n, qw));
       lora_forward(be, projection::q_proj, h1, a.q.view(n, qw));
     }
-    rope_rows(be, seq, a.q.view(n, qw), h, c0, c1, false);
+    detail::finish_q(be, seq, cfg_, pos_, w_.vec(ids_.q_norm), a.q_raw, a.rstd_q, a.q, c0, c1);
     // attention of each sequence's chunk queries against its key prefix [0, c1)
     a.o = be.template allocate<T>(n * qw);
     a.lse = be.template allocate<T>(n * h);
-    const attention_shape shape{h, cfg_.num_key_value_heads, hd};
-    const A scale = A(1) / std::sqrt(A(hd));
-    for (index_t b = 0; b < seq.batch; ++b) {
-      auto keys = kv.k.view(seq.rows(), kvw).row_range(b * t, b * t + c1);
-      auto vals = kv.v.view(seq.rows(), kvw).row_range(b * t, b * t + c1);
-      be.attention_forward(shape, a.q.view(n, qw).row_range(b * c, (b + 1) * c), keys, vals,
-                           mask_of(seq, b, c0), scale,
-                           a.o.view(n, qw).row_range(b * c, (b + 1) * c),
-                           a.lse.view(n, h).row_range(b * c, (b + 1) * c));
-    }
+    detail::attend_forward(be, seq, cfg_, pos_, kv, matrix_view<const T>(a.q.view(n, qw)),
+                           a.o.view(n, qw), a.lse.view(n, h), c0, c1);
     // x2 = x + o Wo^T
     a.x2 = be.template allocate<T>(n * d);
     be.copy(a.xv, a.x2.view(n, d));
-    be.gemm(transpose::no, transpose::yes, A(1), a.o.view(n, qw), weight(ids_.o_proj, d, qw), A(1),
-            a.x2.view(n, d));
+    be.gemm(transpose::no, transpose::yes, A(1), a.o.view(n, qw), w_.weight(ids_.o_proj, d, qw),
+            A(1), a.x2.view(n, d));
     if (cfg_.o_bias) add_bias(be, ids_.o_bias, a.x2.view(n, d));
     lora_forward(be, projection::o_proj, a.o.view(n, qw), a.x2.view(n, d));
     // MLP input
     a.h2 = be.template allocate<T>(n * d);
     a.rstd2 = be.template allocate<T>(n);
-    be.rmsnorm_forward(a.x2.view(n, d), vec(ids_.post_norm), A(cfg_.rms_norm_eps), a.h2.view(n, d),
-                       a.rstd2.span());
+    be.rmsnorm_forward(a.x2.view(n, d), w_.vec(ids_.post_norm), A(cfg_.rms_norm_eps),
+                       a.h2.view(n, d), a.rstd2.span());
     a.gate = be.template allocate<T>(n * f);
     a.up = be.template allocate<T>(n * f);
     a.act = be.template allocate<T>(n * f);
-    be.gemm(transpose::no, transpose::yes, A(1), a.h2.view(n, d), weight(ids_.gate_proj, f, d),
+    be.gemm(transpose::no, transpose::yes, A(1), a.h2.view(n, d), w_.weight(ids_.gate_proj, f, d),
             A(0), a.gate.view(n, f));
-    be.gemm(transpose::no, transpose::yes, A(1), a.h2.view(n, d), weight(ids_.up_proj, f, d), A(0),
-            a.up.view(n, f));
+    be.gemm(transpose::no, transpose::yes, A(1), a.h2.view(n, d), w_.weight(ids_.up_proj, f, d),
+            A(0), a.up.view(n, f));
     if (cfg_.mlp_bias) {
       add_bias(be, ids_.gate_bias, a.gate.view(n, f));
       add_bias(be, ids_.up_bias, a.up.view(n, f));
@@ -635,9 +524,7 @@ class decoder_layer {
   void backward_rows(B& be, const sequence_batch& seq, chunk_acts& a, matrix_view<const T> dy,
                      index_t c0, index_t c1, matrix_view<T> dx, layer_grad_mode mode) const {
     const index_t n = a.n, d = cfg_.hidden_size, qw = cfg_.q_width(), kvw = cfg_.kv_width();
-    const index_t h = cfg_.num_attention_heads, hkv = cfg_.num_key_value_heads;
-    const index_t hd = cfg_.head_dim, f = cfg_.intermediate_size;
-    const index_t c = c1 - c0, t = seq.seq_len, rows = seq.rows();
+    const index_t h = cfg_.num_attention_heads, f = cfg_.intermediate_size;
     const bool wg = mode.weight_grads;
     // dy rows of the chunk; dx2 starts as dy (residual)
     buffer dx2 = be.template allocate<T>(n * d);  // (n, d)
@@ -647,12 +534,12 @@ class decoder_layer {
       buffer dh2 = be.template allocate<T>(n * d);  // (n, d)
       {
         buffer dact = be.template allocate<T>(n * f);  // (n, f)
-        be.gemm(transpose::no, transpose::no, A(1), dx2.view(n, d), weight(ids_.down_proj, d, f),
+        be.gemm(transpose::no, transpose::no, A(1), dx2.view(n, d), w_.weight(ids_.down_proj, d, f),
                 A(0), dact.view(n, f));
-        if (wants(ids_.down_proj, wg))
+        if (w_.wants(ids_.down_proj, wg))
           be.gemm(transpose::yes, transpose::no, A(1), dx2.view(n, d), a.act.view(n, f), A(1),
-                  grad(ids_.down_proj, d, f));
-        if (cfg_.mlp_bias && wants(ids_.down_bias, wg))
+                  w_.grad(ids_.down_proj, d, f));
+        if (cfg_.mlp_bias && w_.wants(ids_.down_bias, wg))
           add_bias_grad(be, ids_.down_bias, dx2.view(n, d));
         lora_backward(be, projection::down_proj, a.act.view(n, f), dx2.view(n, d), dact.view(n, f),
                       wg);
@@ -664,26 +551,26 @@ class decoder_layer {
         dact.reset();
         a.gate.reset();
         a.up.reset();
-        be.gemm(transpose::no, transpose::no, A(1), dgate.view(n, f), weight(ids_.gate_proj, f, d),
-                A(0), dh2.view(n, d));
-        be.gemm(transpose::no, transpose::no, A(1), dup.view(n, f), weight(ids_.up_proj, f, d),
+        be.gemm(transpose::no, transpose::no, A(1), dgate.view(n, f),
+                w_.weight(ids_.gate_proj, f, d), A(0), dh2.view(n, d));
+        be.gemm(transpose::no, transpose::no, A(1), dup.view(n, f), w_.weight(ids_.up_proj, f, d),
                 A(1), dh2.view(n, d));
-        if (wants(ids_.gate_proj, wg))
+        if (w_.wants(ids_.gate_proj, wg))
           be.gemm(transpose::yes, transpose::no, A(1), dgate.view(n, f), a.h2.view(n, d), A(1),
-                  grad(ids_.gate_proj, f, d));
-        if (wants(ids_.up_proj, wg))
+                  w_.grad(ids_.gate_proj, f, d));
+        if (w_.wants(ids_.up_proj, wg))
           be.gemm(transpose::yes, transpose::no, A(1), dup.view(n, f), a.h2.view(n, d), A(1),
-                  grad(ids_.up_proj, f, d));
-        if (cfg_.mlp_bias && wants(ids_.gate_bias, wg))
+                  w_.grad(ids_.up_proj, f, d));
+        if (cfg_.mlp_bias && w_.wants(ids_.gate_bias, wg))
           add_bias_grad(be, ids_.gate_bias, dgate.view(n, f));
-        if (cfg_.mlp_bias && wants(ids_.up_bias, wg))
+        if (cfg_.mlp_bias && w_.wants(ids_.up_bias, wg))
           add_bias_grad(be, ids_.up_bias, dup.view(n, f));
         lora_backward(be, projection::gate_proj, a.h2.view(n, d), dgate.view(n, f), dh2.view(n, d),
                       wg);
         lora_backward(be, projection::up_proj, a.h2.view(n, d), dup.view(n, f), dh2.view(n, d), wg);
       }
-      be.rmsnorm_backward(a.x2.view(n, d), vec(ids_.post_norm), a.rstd2.span(), dh2.view(n, d),
-                          dx2.view(n, d), grad_vec(ids_.post_norm, wg));
+      be.rmsnorm_backward(a.x2.view(n, d), w_.vec(ids_.post_norm), a.rstd2.span(), dh2.view(n, d),
+                          dx2.view(n, d), w_.grad_vec(ids_.post_norm, wg));
     }
     a.h2.reset();
     a.x2.reset();
@@ -691,50 +578,36 @@ class decoder_layer {
     buffer dq = be.template allocate<T>(n * qw);  // (n, H*hd) w.r.t. rotated q
     {
       buffer dout = be.template allocate<T>(n * qw);  // (n, H*hd)
-      be.gemm(transpose::no, transpose::no, A(1), dx2.view(n, d), weight(ids_.o_proj, d, qw), A(0),
-              dout.view(n, qw));
-      if (wants(ids_.o_proj, wg))
+      be.gemm(transpose::no, transpose::no, A(1), dx2.view(n, d), w_.weight(ids_.o_proj, d, qw),
+              A(0), dout.view(n, qw));
+      if (w_.wants(ids_.o_proj, wg))
         be.gemm(transpose::yes, transpose::no, A(1), dx2.view(n, d), a.o.view(n, qw), A(1),
-                grad(ids_.o_proj, d, qw));
-      if (cfg_.o_bias && wants(ids_.o_bias, wg)) add_bias_grad(be, ids_.o_bias, dx2.view(n, d));
+                w_.grad(ids_.o_proj, d, qw));
+      if (cfg_.o_bias && w_.wants(ids_.o_bias, wg)) add_bias_grad(be, ids_.o_bias, dx2.view(n, d));
       lora_backward(be, projection::o_proj, a.o.view(n, qw), dx2.view(n, d), dout.view(n, qw), wg);
-      const attention_shape shape{h, hkv, hd};
-      const A scale = A(1) / std::sqrt(A(hd));
-      for (index_t b = 0; b < seq.batch; ++b) {
-        const index_t r0 = b * c, r1 = (b + 1) * c;
-        auto keys = kv_->k.view(rows, kvw).row_range(b * t, b * t + c1);
-        auto vals = kv_->v.view(rows, kvw).row_range(b * t, b * t + c1);
-        be.attention_backward(shape, a.q.view(n, qw).row_range(r0, r1), keys, vals,
-                              a.o.view(n, qw).row_range(r0, r1), dout.view(n, qw).row_range(r0, r1),
-                              a.lse.view(n, h).row_range(r0, r1), mask_of(seq, b, c0), scale,
-                              dq.view(n, qw).row_range(r0, r1),
-                              kv_->dk.view(rows, kvw).row_range(b * t, b * t + c1),
-                              kv_->dv.view(rows, kvw).row_range(b * t, b * t + c1));
-      }
+      detail::attend_backward(be, seq, cfg_, pos_, *kv_, matrix_view<const T>(a.q.view(n, qw)),
+                              matrix_view<const T>(a.o.view(n, qw)),
+                              matrix_view<const T>(dout.view(n, qw)),
+                              matrix_view<const T>(a.lse.view(n, h)), dq.view(n, qw), c0, c1);
     }
     a.o.reset();
     a.lse.reset();
     a.q.reset();
     // q: undo RoPE, then q-norm
-    rope_rows(be, seq, dq.view(n, qw), h, c0, c1, true);
-    if (cfg_.qk_norm) {
-      buffer dq_raw = be.template allocate<T>(n * qw);
-      be.rmsnorm_backward(a.q_raw.view(n * h, hd), vec(ids_.q_norm), a.rstd_q.span(),
-                          dq.view(n * h, hd), dq_raw.view(n * h, hd), grad_vec(ids_.q_norm, wg));
-      dq = std::move(dq_raw);
-      a.q_raw.reset();
-    }
+    detail::unfinish_q(be, seq, cfg_, pos_, w_.vec(ids_.q_norm), w_.grad_vec(ids_.q_norm, wg),
+                       a.q_raw, a.rstd_q, dq, c0, c1);
+    a.q_raw.reset();
     auto h1 = a.h1.view(n, d);
-    if (wants(ids_.q_proj, wg))
+    if (w_.wants(ids_.q_proj, wg))
       be.gemm(transpose::yes, transpose::no, A(1), dq.view(n, qw), h1, A(1),
-              grad(ids_.q_proj, qw, d));
-    if (cfg_.qkv_bias && wants(ids_.q_bias, wg)) add_bias_grad(be, ids_.q_bias, dq.view(n, qw));
+              w_.grad(ids_.q_proj, qw, d));
+    if (cfg_.qkv_bias && w_.wants(ids_.q_bias, wg)) add_bias_grad(be, ids_.q_bias, dq.view(n, qw));
     // k, v rows of this chunk are complete now (later chunks were done first); over a
     // sequence shard later ranks add to them: end_backward_shard backpropagates them
     std::pair<buffer, buffer> dkv;
     if (!shard_) dkv = kv_rows_backward(be, seq, c0, c1, h1, wg);
     // dh1 is needed for dx, or for the input norm's weight gradient
-    const bool need_dh1 = mode.input_grad || wants(ids_.input_norm, wg);
+    const bool need_dh1 = mode.input_grad || w_.wants(ids_.input_norm, wg);
     if (!need_dh1) {  // the adapters' gradients only
       lora_backward(be, projection::q_proj, h1, dq.view(n, qw), {}, wg);
       if (!shard_)
@@ -743,14 +616,14 @@ class decoder_layer {
     }
     // dh1 = dq Wq + dk Wk + dv Wv; dx = dx2 + RMSNorm backward
     buffer dh1 = be.template allocate<T>(n * d);  // (n, d)
-    be.gemm(transpose::no, transpose::no, A(1), dq.view(n, qw), weight(ids_.q_proj, qw, d), A(0),
+    be.gemm(transpose::no, transpose::no, A(1), dq.view(n, qw), w_.weight(ids_.q_proj, qw, d), A(0),
             dh1.view(n, d));
     lora_backward(be, projection::q_proj, h1, dq.view(n, qw), dh1.view(n, d), wg);
     if (!shard_)
       kv_input_backward(be, h1, dkv.first.view(n, kvw), dkv.second.view(n, kvw), dh1.view(n, d),
                         wg);
-    be.rmsnorm_backward(a.xv, vec(ids_.input_norm), a.rstd1.span(), dh1.view(n, d), dx2.view(n, d),
-                        grad_vec(ids_.input_norm, wg));
+    be.rmsnorm_backward(a.xv, w_.vec(ids_.input_norm), a.rstd1.span(), dh1.view(n, d),
+                        dx2.view(n, d), w_.grad_vec(ids_.input_norm, wg));
     if (mode.input_grad) scatter_x(be, seq, c0, c1, matrix_view<const T>(dx2.view(n, d)), dx);
   }
 
@@ -758,8 +631,8 @@ class decoder_layer {
   void kv_input_backward(B& be, matrix_view<const T> h1, matrix_view<const T> dk,
                          matrix_view<const T> dv, matrix_view<T> dh1, bool wg) const {
     const index_t d = cfg_.hidden_size, kvw = cfg_.kv_width();
-    be.gemm(transpose::no, transpose::no, A(1), dk, weight(ids_.k_proj, kvw, d), A(1), dh1);
-    be.gemm(transpose::no, transpose::no, A(1), dv, weight(ids_.v_proj, kvw, d), A(1), dh1);
+    be.gemm(transpose::no, transpose::no, A(1), dk, w_.weight(ids_.k_proj, kvw, d), A(1), dh1);
+    be.gemm(transpose::no, transpose::no, A(1), dv, w_.weight(ids_.v_proj, kvw, d), A(1), dh1);
     kv_lora_backward(be, h1, dk, dv, dh1, wg);
   }
   /// The K and V adapters' backward (dh1 may be empty: their gradients only).
@@ -775,44 +648,25 @@ class decoder_layer {
   std::pair<buffer, buffer> kv_rows_backward(B& be, const sequence_batch& seq, index_t c0,
                                              index_t c1, matrix_view<const T> h1, bool wg) const {
     const index_t n = h1.rows, d = cfg_.hidden_size, kvw = cfg_.kv_width();
-    const index_t hkv = cfg_.num_key_value_heads, hd = cfg_.head_dim, rows = seq.rows();
-    buffer dk = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
-    buffer dv = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
-    gather_rows(be, seq, c0, c1, matrix_view<const T>(kv_->dk.view(rows, kvw)), dk.view(n, kvw));
-    gather_rows(be, seq, c0, c1, matrix_view<const T>(kv_->dv.view(rows, kvw)), dv.view(n, kvw));
-    rope_rows(be, seq, dk.view(n, kvw), hkv, c0, c1, true);
-    if (cfg_.qk_norm) {
-      buffer k_raw = be.template allocate<T>(n * kvw);
-      buffer rstd = be.template allocate<T>(n * hkv);
-      gather_rows(be, seq, c0, c1, matrix_view<const T>(kv_->k_raw.view(rows, kvw)),
-                  k_raw.view(n, kvw));
-      gather_rows(be, seq, c0, c1, matrix_view<const T>(kv_->rstd_k.view(rows, hkv)),
-                  rstd.view(n, hkv));
-      buffer dk_raw = be.template allocate<T>(n * kvw);
-      be.rmsnorm_backward(k_raw.view(n * hkv, hd), vec(ids_.k_norm), rstd.span(),
-                          dk.view(n * hkv, hd), dk_raw.view(n * hkv, hd),
-                          grad_vec(ids_.k_norm, wg));
-      dk = std::move(dk_raw);
-    }
-    if (wants(ids_.k_proj, wg))
+    auto [dk, dv] = detail::kv_grad_rows(be, seq, cfg_, pos_, *kv_, w_.vec(ids_.k_norm),
+                                         w_.grad_vec(ids_.k_norm, wg), c0, c1);
+    if (w_.wants(ids_.k_proj, wg))
       be.gemm(transpose::yes, transpose::no, A(1), dk.view(n, kvw), h1, A(1),
-              grad(ids_.k_proj, kvw, d));
-    if (wants(ids_.v_proj, wg))
+              w_.grad(ids_.k_proj, kvw, d));
+    if (w_.wants(ids_.v_proj, wg))
       be.gemm(transpose::yes, transpose::no, A(1), dv.view(n, kvw), h1, A(1),
-              grad(ids_.v_proj, kvw, d));
+              w_.grad(ids_.v_proj, kvw, d));
     if (cfg_.qkv_bias) {
-      if (wants(ids_.k_bias, wg)) add_bias_grad(be, ids_.k_bias, dk.view(n, kvw));
-      if (wants(ids_.v_bias, wg)) add_bias_grad(be, ids_.v_bias, dv.view(n, kvw));
+      if (w_.wants(ids_.k_bias, wg)) add_bias_grad(be, ids_.k_bias, dk.view(n, kvw));
+      if (w_.wants(ids_.v_bias, wg)) add_bias_grad(be, ids_.v_bias, dv.view(n, kvw));
     }
     return {std::move(dk), std::move(dv)};
   }
 
-  parameter_set<B>* params_;
+  detail::layer_weights<B> w_;
   model_config cfg_;
   index_t index_;
-  index_t window_ = 0;              // this layer's sliding window (0: none)
-  rope_frequencies rope_;           // RoPE frequencies (dynamic: of the current batch)
-  std::vector<index_t> doc_start_;  // (B*T) t - position_ids[t] for packed batches, else empty
+  detail::layer_positions pos_;  // RoPE, window, document starts (per batch)
   decoder_layer_params ids_{};
   std::optional<kv_state> kv_;
   std::optional<chunk_acts> kept_acts_;
