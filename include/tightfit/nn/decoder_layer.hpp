@@ -356,8 +356,7 @@ class decoder_layer {
     buffer y_c = be.template allocate<T>((c1 - c0) * seq.batch * cfg_.hidden_size);
     auto yv = y_c.view((c1 - c0) * seq.batch, cfg_.hidden_size);  // (B*c, d)
     be.copy(a.x2.view(yv.rows, yv.cols), yv);
-    be.gemm(transpose::no, transpose::yes, A(1), a.act.view(yv.rows, cfg_.intermediate_size),
-            w_.weight(ids_.down_proj, cfg_.hidden_size, cfg_.intermediate_size), A(1), yv);
+    w_.linear(be, ids_.down_proj, a.act.view(yv.rows, cfg_.intermediate_size), yv, A(1));
     if (cfg_.mlp_bias) add_bias(be, ids_.down_bias, yv);
     lora_forward(be, projection::down_proj, a.act.view(yv.rows, cfg_.intermediate_size), yv);
     scatter_x(be, seq, c0, c1, matrix_view<const T>(yv), y);
@@ -452,10 +451,8 @@ class decoder_layer {
     buffer k_c = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
     buffer v_c = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
     auto h1 = a.h1.view(n, d);
-    be.gemm(transpose::no, transpose::yes, A(1), h1, w_.weight(ids_.k_proj, kvw, d), A(0),
-            k_c.view(n, kvw));
-    be.gemm(transpose::no, transpose::yes, A(1), h1, w_.weight(ids_.v_proj, kvw, d), A(0),
-            v_c.view(n, kvw));
+    w_.linear(be, ids_.k_proj, h1, k_c.view(n, kvw), A(0));
+    w_.linear(be, ids_.v_proj, h1, v_c.view(n, kvw), A(0));
     if (cfg_.qkv_bias) {
       add_bias(be, ids_.k_bias, k_c.view(n, kvw));
       add_bias(be, ids_.v_bias, v_c.view(n, kvw));
@@ -476,13 +473,11 @@ class decoder_layer {
     if (cfg_.qk_norm) {
       a.q_raw = be.template allocate<T>(n * qw);
       a.rstd_q = be.template allocate<T>(n * h);
-      be.gemm(transpose::no, transpose::yes, A(1), h1, w_.weight(ids_.q_proj, qw, d), A(0),
-              a.q_raw.view(n, qw));
+      w_.linear(be, ids_.q_proj, h1, a.q_raw.view(n, qw), A(0));
       if (cfg_.qkv_bias) add_bias(be, ids_.q_bias, a.q_raw.view(n, qw));
       lora_forward(be, projection::q_proj, h1, a.q_raw.view(n, qw));
     } else {
-      be.gemm(transpose::no, transpose::yes, A(1), h1, w_.weight(ids_.q_proj, qw, d), A(0),
-              a.q.view(n, qw));
+      w_.linear(be, ids_.q_proj, h1, a.q.view(n, qw), A(0));
       if (cfg_.qkv_bias) add_bias(be, ids_.q_bias, a.q.view(n, qw));
       lora_forward(be, projection::q_proj, h1, a.q.view(n, qw));
     }
@@ -495,8 +490,7 @@ class decoder_layer {
     // x2 = x + o Wo^T
     a.x2 = be.template allocate<T>(n * d);
     be.copy(a.xv, a.x2.view(n, d));
-    be.gemm(transpose::no, transpose::yes, A(1), a.o.view(n, qw), w_.weight(ids_.o_proj, d, qw),
-            A(1), a.x2.view(n, d));
+    w_.linear(be, ids_.o_proj, a.o.view(n, qw), a.x2.view(n, d), A(1));
     if (cfg_.o_bias) add_bias(be, ids_.o_bias, a.x2.view(n, d));
     lora_forward(be, projection::o_proj, a.o.view(n, qw), a.x2.view(n, d));
     // MLP input
@@ -507,10 +501,8 @@ class decoder_layer {
     a.gate = be.template allocate<T>(n * f);
     a.up = be.template allocate<T>(n * f);
     a.act = be.template allocate<T>(n * f);
-    be.gemm(transpose::no, transpose::yes, A(1), a.h2.view(n, d), w_.weight(ids_.gate_proj, f, d),
-            A(0), a.gate.view(n, f));
-    be.gemm(transpose::no, transpose::yes, A(1), a.h2.view(n, d), w_.weight(ids_.up_proj, f, d),
-            A(0), a.up.view(n, f));
+    w_.linear(be, ids_.gate_proj, a.h2.view(n, d), a.gate.view(n, f), A(0));
+    w_.linear(be, ids_.up_proj, a.h2.view(n, d), a.up.view(n, f), A(0));
     if (cfg_.mlp_bias) {
       add_bias(be, ids_.gate_bias, a.gate.view(n, f));
       add_bias(be, ids_.up_bias, a.up.view(n, f));
@@ -534,11 +526,8 @@ class decoder_layer {
       buffer dh2 = be.template allocate<T>(n * d);  // (n, d)
       {
         buffer dact = be.template allocate<T>(n * f);  // (n, f)
-        be.gemm(transpose::no, transpose::no, A(1), dx2.view(n, d), w_.weight(ids_.down_proj, d, f),
-                A(0), dact.view(n, f));
-        if (w_.wants(ids_.down_proj, wg))
-          be.gemm(transpose::yes, transpose::no, A(1), dx2.view(n, d), a.act.view(n, f), A(1),
-                  w_.grad(ids_.down_proj, d, f));
+        w_.linear_input_grad(be, ids_.down_proj, dx2.view(n, d), dact.view(n, f), A(0));
+        w_.linear_weight_grad(be, ids_.down_proj, dx2.view(n, d), a.act.view(n, f), wg);
         if (cfg_.mlp_bias && w_.wants(ids_.down_bias, wg))
           add_bias_grad(be, ids_.down_bias, dx2.view(n, d));
         lora_backward(be, projection::down_proj, a.act.view(n, f), dx2.view(n, d), dact.view(n, f),
@@ -551,16 +540,10 @@ class decoder_layer {
         dact.reset();
         a.gate.reset();
         a.up.reset();
-        be.gemm(transpose::no, transpose::no, A(1), dgate.view(n, f),
-                w_.weight(ids_.gate_proj, f, d), A(0), dh2.view(n, d));
-        be.gemm(transpose::no, transpose::no, A(1), dup.view(n, f), w_.weight(ids_.up_proj, f, d),
-                A(1), dh2.view(n, d));
-        if (w_.wants(ids_.gate_proj, wg))
-          be.gemm(transpose::yes, transpose::no, A(1), dgate.view(n, f), a.h2.view(n, d), A(1),
-                  w_.grad(ids_.gate_proj, f, d));
-        if (w_.wants(ids_.up_proj, wg))
-          be.gemm(transpose::yes, transpose::no, A(1), dup.view(n, f), a.h2.view(n, d), A(1),
-                  w_.grad(ids_.up_proj, f, d));
+        w_.linear_input_grad(be, ids_.gate_proj, dgate.view(n, f), dh2.view(n, d), A(0));
+        w_.linear_input_grad(be, ids_.up_proj, dup.view(n, f), dh2.view(n, d), A(1));
+        w_.linear_weight_grad(be, ids_.gate_proj, dgate.view(n, f), a.h2.view(n, d), wg);
+        w_.linear_weight_grad(be, ids_.up_proj, dup.view(n, f), a.h2.view(n, d), wg);
         if (cfg_.mlp_bias && w_.wants(ids_.gate_bias, wg))
           add_bias_grad(be, ids_.gate_bias, dgate.view(n, f));
         if (cfg_.mlp_bias && w_.wants(ids_.up_bias, wg))
@@ -578,11 +561,8 @@ class decoder_layer {
     buffer dq = be.template allocate<T>(n * qw);  // (n, H*hd) w.r.t. rotated q
     {
       buffer dout = be.template allocate<T>(n * qw);  // (n, H*hd)
-      be.gemm(transpose::no, transpose::no, A(1), dx2.view(n, d), w_.weight(ids_.o_proj, d, qw),
-              A(0), dout.view(n, qw));
-      if (w_.wants(ids_.o_proj, wg))
-        be.gemm(transpose::yes, transpose::no, A(1), dx2.view(n, d), a.o.view(n, qw), A(1),
-                w_.grad(ids_.o_proj, d, qw));
+      w_.linear_input_grad(be, ids_.o_proj, dx2.view(n, d), dout.view(n, qw), A(0));
+      w_.linear_weight_grad(be, ids_.o_proj, dx2.view(n, d), a.o.view(n, qw), wg);
       if (cfg_.o_bias && w_.wants(ids_.o_bias, wg)) add_bias_grad(be, ids_.o_bias, dx2.view(n, d));
       lora_backward(be, projection::o_proj, a.o.view(n, qw), dx2.view(n, d), dout.view(n, qw), wg);
       detail::attend_backward(be, seq, cfg_, pos_, *kv_, matrix_view<const T>(a.q.view(n, qw)),
@@ -598,9 +578,7 @@ class decoder_layer {
                        a.q_raw, a.rstd_q, dq, c0, c1);
     a.q_raw.reset();
     auto h1 = a.h1.view(n, d);
-    if (w_.wants(ids_.q_proj, wg))
-      be.gemm(transpose::yes, transpose::no, A(1), dq.view(n, qw), h1, A(1),
-              w_.grad(ids_.q_proj, qw, d));
+    w_.linear_weight_grad(be, ids_.q_proj, dq.view(n, qw), h1, wg);
     if (cfg_.qkv_bias && w_.wants(ids_.q_bias, wg)) add_bias_grad(be, ids_.q_bias, dq.view(n, qw));
     // k, v rows of this chunk are complete now (later chunks were done first); over a
     // sequence shard later ranks add to them: end_backward_shard backpropagates them
@@ -616,8 +594,7 @@ class decoder_layer {
     }
     // dh1 = dq Wq + dk Wk + dv Wv; dx = dx2 + RMSNorm backward
     buffer dh1 = be.template allocate<T>(n * d);  // (n, d)
-    be.gemm(transpose::no, transpose::no, A(1), dq.view(n, qw), w_.weight(ids_.q_proj, qw, d), A(0),
-            dh1.view(n, d));
+    w_.linear_input_grad(be, ids_.q_proj, dq.view(n, qw), dh1.view(n, d), A(0));
     lora_backward(be, projection::q_proj, h1, dq.view(n, qw), dh1.view(n, d), wg);
     if (!shard_)
       kv_input_backward(be, h1, dkv.first.view(n, kvw), dkv.second.view(n, kvw), dh1.view(n, d),
@@ -630,9 +607,8 @@ class decoder_layer {
   /// dh1 (n, d) += dk Wk + dv Wv and the K/V adapters' part (dk, dv: (n, Hkv*hd)).
   void kv_input_backward(B& be, matrix_view<const T> h1, matrix_view<const T> dk,
                          matrix_view<const T> dv, matrix_view<T> dh1, bool wg) const {
-    const index_t d = cfg_.hidden_size, kvw = cfg_.kv_width();
-    be.gemm(transpose::no, transpose::no, A(1), dk, w_.weight(ids_.k_proj, kvw, d), A(1), dh1);
-    be.gemm(transpose::no, transpose::no, A(1), dv, w_.weight(ids_.v_proj, kvw, d), A(1), dh1);
+    w_.linear_input_grad(be, ids_.k_proj, dk, dh1, A(1));
+    w_.linear_input_grad(be, ids_.v_proj, dv, dh1, A(1));
     kv_lora_backward(be, h1, dk, dv, dh1, wg);
   }
   /// The K and V adapters' backward (dh1 may be empty: their gradients only).
@@ -647,15 +623,11 @@ class decoder_layer {
   /// accumulated from h1 (n, d).
   std::pair<buffer, buffer> kv_rows_backward(B& be, const sequence_batch& seq, index_t c0,
                                              index_t c1, matrix_view<const T> h1, bool wg) const {
-    const index_t n = h1.rows, d = cfg_.hidden_size, kvw = cfg_.kv_width();
+    const index_t n = h1.rows, kvw = cfg_.kv_width();
     auto [dk, dv] = detail::kv_grad_rows(be, seq, cfg_, pos_, *kv_, w_.vec(ids_.k_norm),
                                          w_.grad_vec(ids_.k_norm, wg), c0, c1);
-    if (w_.wants(ids_.k_proj, wg))
-      be.gemm(transpose::yes, transpose::no, A(1), dk.view(n, kvw), h1, A(1),
-              w_.grad(ids_.k_proj, kvw, d));
-    if (w_.wants(ids_.v_proj, wg))
-      be.gemm(transpose::yes, transpose::no, A(1), dv.view(n, kvw), h1, A(1),
-              w_.grad(ids_.v_proj, kvw, d));
+    w_.linear_weight_grad(be, ids_.k_proj, dk.view(n, kvw), h1, wg);
+    w_.linear_weight_grad(be, ids_.v_proj, dv.view(n, kvw), h1, wg);
     if (cfg_.qkv_bias) {
       if (w_.wants(ids_.k_bias, wg)) add_bias_grad(be, ids_.k_bias, dk.view(n, kvw));
       if (w_.wants(ids_.v_bias, wg)) add_bias_grad(be, ids_.v_bias, dv.view(n, kvw));

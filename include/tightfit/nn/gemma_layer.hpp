@@ -267,10 +267,8 @@ class gemma_layer {
     buffer k_c = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
     buffer v_c = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
     auto h1 = a.h1.view(n, d);
-    be.gemm(transpose::no, transpose::yes, A(1), h1, w_.weight(ids_.k_proj, kvw, d), A(0),
-            k_c.view(n, kvw));
-    be.gemm(transpose::no, transpose::yes, A(1), h1, w_.weight(ids_.v_proj, kvw, d), A(0),
-            v_c.view(n, kvw));
+    w_.linear(be, ids_.k_proj, h1, k_c.view(n, kvw), A(0));
+    w_.linear(be, ids_.v_proj, h1, v_c.view(n, kvw), A(0));
     detail::store_kv(be, seq, cfg_, pos_, ns.k.scale(), std::move(k_c), std::move(v_c), c0, c1, kv);
   }
 
@@ -285,11 +283,9 @@ class gemma_layer {
     if (cfg_.qk_norm) {
       a.q_raw = be.template allocate<T>(n * qw);
       a.rstd_q = be.template allocate<T>(n * h);
-      be.gemm(transpose::no, transpose::yes, A(1), h1, w_.weight(ids_.q_proj, qw, d), A(0),
-              a.q_raw.view(n, qw));
+      w_.linear(be, ids_.q_proj, h1, a.q_raw.view(n, qw), A(0));
     } else {
-      be.gemm(transpose::no, transpose::yes, A(1), h1, w_.weight(ids_.q_proj, qw, d), A(0),
-              a.q.view(n, qw));
+      w_.linear(be, ids_.q_proj, h1, a.q.view(n, qw), A(0));
     }
     detail::finish_q(be, seq, cfg_, pos_, ns.q.scale(), a.q_raw, a.rstd_q, a.q, c0, c1);
     a.o = be.template allocate<T>(n * qw);
@@ -298,8 +294,7 @@ class gemma_layer {
                            a.o.view(n, qw), a.lse.view(n, h), c0, c1);
     // x2 = x + N(o Wo^T; post_attention_layernorm)
     a.ao = be.template allocate<T>(n * d);
-    be.gemm(transpose::no, transpose::yes, A(1), a.o.view(n, qw), w_.weight(ids_.o_proj, d, qw),
-            A(0), a.ao.view(n, d));
+    w_.linear(be, ids_.o_proj, a.o.view(n, qw), a.ao.view(n, d), A(0));
     a.x2 = be.template allocate<T>(n * d);
     a.rstd_a = be.template allocate<T>(n);
     be.rmsnorm_forward(a.ao.view(n, d), ns.post_attn.scale(), eps, a.x2.view(n, d),
@@ -312,15 +307,12 @@ class gemma_layer {
     a.gate = be.template allocate<T>(n * f);
     a.up = be.template allocate<T>(n * f);
     a.act = be.template allocate<T>(n * f);
-    be.gemm(transpose::no, transpose::yes, A(1), a.h2.view(n, d), w_.weight(ids_.gate_proj, f, d),
-            A(0), a.gate.view(n, f));
-    be.gemm(transpose::no, transpose::yes, A(1), a.h2.view(n, d), w_.weight(ids_.up_proj, f, d),
-            A(0), a.up.view(n, f));
+    w_.linear(be, ids_.gate_proj, a.h2.view(n, d), a.gate.view(n, f), A(0));
+    w_.linear(be, ids_.up_proj, a.h2.view(n, d), a.up.view(n, f), A(0));
     be.geglu_forward(a.gate.view(n, f), a.up.view(n, f), a.act.view(n, f));
     a.m = be.template allocate<T>(n * d);
     a.rstd_m = be.template allocate<T>(n);
-    be.gemm(transpose::no, transpose::yes, A(1), a.act.view(n, f), w_.weight(ids_.down_proj, d, f),
-            A(0), a.m.view(n, d));
+    w_.linear(be, ids_.down_proj, a.act.view(n, f), a.m.view(n, d), A(0));
     // y = x2 + N(m; post_feedforward_layernorm)
     a.y = be.template allocate<T>(n * d);
     be.rmsnorm_forward(a.m.view(n, d), ns.post_ff.scale(), eps, a.y.view(n, d), a.rstd_m.span());
@@ -348,11 +340,8 @@ class gemma_layer {
           be.rmsnorm_backward(a.m.view(n, d), ns.post_ff.scale(), a.rstd_m.span(), dx2.view(n, d),
                               dm.view(n, d), w_.grad_vec(ids_.post_ff_norm, wg));
           a.m.reset();
-          be.gemm(transpose::no, transpose::no, A(1), dm.view(n, d),
-                  w_.weight(ids_.down_proj, d, f), A(0), dact.view(n, f));
-          if (w_.wants(ids_.down_proj, wg))
-            be.gemm(transpose::yes, transpose::no, A(1), dm.view(n, d), a.act.view(n, f), A(1),
-                    w_.grad(ids_.down_proj, d, f));
+          w_.linear_input_grad(be, ids_.down_proj, dm.view(n, d), dact.view(n, f), A(0));
+          w_.linear_weight_grad(be, ids_.down_proj, dm.view(n, d), a.act.view(n, f), wg);
         }
         a.act.reset();
         buffer dgate = be.template allocate<T>(n * f);  // (n, f)
@@ -362,16 +351,10 @@ class gemma_layer {
         dact.reset();
         a.gate.reset();
         a.up.reset();
-        be.gemm(transpose::no, transpose::no, A(1), dgate.view(n, f),
-                w_.weight(ids_.gate_proj, f, d), A(0), dh2.view(n, d));
-        be.gemm(transpose::no, transpose::no, A(1), dup.view(n, f), w_.weight(ids_.up_proj, f, d),
-                A(1), dh2.view(n, d));
-        if (w_.wants(ids_.gate_proj, wg))
-          be.gemm(transpose::yes, transpose::no, A(1), dgate.view(n, f), a.h2.view(n, d), A(1),
-                  w_.grad(ids_.gate_proj, f, d));
-        if (w_.wants(ids_.up_proj, wg))
-          be.gemm(transpose::yes, transpose::no, A(1), dup.view(n, f), a.h2.view(n, d), A(1),
-                  w_.grad(ids_.up_proj, f, d));
+        w_.linear_input_grad(be, ids_.gate_proj, dgate.view(n, f), dh2.view(n, d), A(0));
+        w_.linear_input_grad(be, ids_.up_proj, dup.view(n, f), dh2.view(n, d), A(1));
+        w_.linear_weight_grad(be, ids_.gate_proj, dgate.view(n, f), a.h2.view(n, d), wg);
+        w_.linear_weight_grad(be, ids_.up_proj, dup.view(n, f), a.h2.view(n, d), wg);
       }
       be.rmsnorm_backward(a.x2.view(n, d), ns.pre_ff.scale(), a.rstd2.span(), dh2.view(n, d),
                           dx2.view(n, d), w_.grad_vec(ids_.pre_ff_norm, wg));
@@ -387,11 +370,8 @@ class gemma_layer {
         be.rmsnorm_backward(a.ao.view(n, d), ns.post_attn.scale(), a.rstd_a.span(), dx2.view(n, d),
                             dao.view(n, d), w_.grad_vec(ids_.post_attn_norm, wg));
         a.ao.reset();
-        be.gemm(transpose::no, transpose::no, A(1), dao.view(n, d), w_.weight(ids_.o_proj, d, qw),
-                A(0), dout.view(n, qw));
-        if (w_.wants(ids_.o_proj, wg))
-          be.gemm(transpose::yes, transpose::no, A(1), dao.view(n, d), a.o.view(n, qw), A(1),
-                  w_.grad(ids_.o_proj, d, qw));
+        w_.linear_input_grad(be, ids_.o_proj, dao.view(n, d), dout.view(n, qw), A(0));
+        w_.linear_weight_grad(be, ids_.o_proj, dao.view(n, d), a.o.view(n, qw), wg);
       }
       detail::attend_backward(be, seq, cfg_, pos_, *kv_, matrix_view<const T>(a.q.view(n, qw)),
                               matrix_view<const T>(a.o.view(n, qw)),
@@ -409,24 +389,15 @@ class gemma_layer {
     auto [dk, dv] = detail::kv_grad_rows(be, seq, cfg_, pos_, *kv_, ns.k.scale(),
                                          w_.grad_vec(ids_.k_norm, wg), c0, c1);
     auto h1 = a.h1.view(n, d);
-    if (w_.wants(ids_.q_proj, wg))
-      be.gemm(transpose::yes, transpose::no, A(1), dq.view(n, qw), h1, A(1),
-              w_.grad(ids_.q_proj, qw, d));
-    if (w_.wants(ids_.k_proj, wg))
-      be.gemm(transpose::yes, transpose::no, A(1), dk.view(n, kvw), h1, A(1),
-              w_.grad(ids_.k_proj, kvw, d));
-    if (w_.wants(ids_.v_proj, wg))
-      be.gemm(transpose::yes, transpose::no, A(1), dv.view(n, kvw), h1, A(1),
-              w_.grad(ids_.v_proj, kvw, d));
+    w_.linear_weight_grad(be, ids_.q_proj, dq.view(n, qw), h1, wg);
+    w_.linear_weight_grad(be, ids_.k_proj, dk.view(n, kvw), h1, wg);
+    w_.linear_weight_grad(be, ids_.v_proj, dv.view(n, kvw), h1, wg);
     if (!mode.input_grad && !w_.wants(ids_.input_norm, wg)) return;
     // dh1 = dq Wq + dk Wk + dv Wv; dx = dx2 + N backward
     buffer dh1 = be.template allocate<T>(n * d);  // (n, d)
-    be.gemm(transpose::no, transpose::no, A(1), dq.view(n, qw), w_.weight(ids_.q_proj, qw, d), A(0),
-            dh1.view(n, d));
-    be.gemm(transpose::no, transpose::no, A(1), dk.view(n, kvw), w_.weight(ids_.k_proj, kvw, d),
-            A(1), dh1.view(n, d));
-    be.gemm(transpose::no, transpose::no, A(1), dv.view(n, kvw), w_.weight(ids_.v_proj, kvw, d),
-            A(1), dh1.view(n, d));
+    w_.linear_input_grad(be, ids_.q_proj, dq.view(n, qw), dh1.view(n, d), A(0));
+    w_.linear_input_grad(be, ids_.k_proj, dk.view(n, kvw), dh1.view(n, d), A(1));
+    w_.linear_input_grad(be, ids_.v_proj, dv.view(n, kvw), dh1.view(n, d), A(1));
     be.rmsnorm_backward(a.xv, ns.input.scale(), a.rstd1.span(), dh1.view(n, d), dx2.view(n, d),
                         w_.grad_vec(ids_.input_norm, wg));
     if (mode.input_grad) scatter_rows(be, seq, c0, c1, matrix_view<const T>(dx2.view(n, d)), dx);

@@ -36,6 +36,7 @@ template <StorageBackend B>
 class layer_weights {
  public:
   using T = storage_t<B>;
+  using A = accum_t<B>;
   explicit layer_weights(parameter_set<B>& params) : params_(&params) {}
 
   matrix_view<const T> weight(std::size_t id, index_t rows, index_t cols) const {
@@ -51,6 +52,24 @@ class layer_weights {
   /// The gradient of a vector parameter, or empty when it is not accumulated.
   std::span<T> grad_vec(std::size_t id, bool wg) const {
     return wants(id, wg) ? params_->grad(id) : std::span<T>{};
+  }
+
+  // A projection with weight W = parameter `id` of shape (out, in), rows x (n, in), y (n, out).
+
+  /// y = x W^T + beta y.
+  void linear(B& be, std::size_t id, matrix_view<const T> x, matrix_view<T> y, A beta) const {
+    be.gemm(transpose::no, transpose::yes, A(1), x, weight(id, y.cols, x.cols), beta, y);
+  }
+  /// The input gradient of linear: dx = dy W + beta dx.
+  void linear_input_grad(B& be, std::size_t id, matrix_view<const T> dy, matrix_view<T> dx,
+                         A beta) const {
+    be.gemm(transpose::no, transpose::no, A(1), dy, weight(id, dy.cols, dx.cols), beta, dx);
+  }
+  /// The weight gradient of linear, when wants(id, wg): dW += dy^T x.
+  void linear_weight_grad(B& be, std::size_t id, matrix_view<const T> dy, matrix_view<const T> x,
+                          bool wg) const {
+    if (wants(id, wg))
+      be.gemm(transpose::yes, transpose::no, A(1), dy, x, A(1), grad(id, dy.cols, x.cols));
   }
 
  private:
