@@ -57,6 +57,20 @@ enum class gradient_sync { all_reduce, none };
 
 namespace detail {
 
+/// Adds a piece's backward (one micro-batch's) to the step's: loss and times add, the peaks are
+/// the largest, chunk and lowest layer are the piece's.
+inline void add_piece(backward_result& total, const backward_result& r) {
+  total.loss += r.loss;
+  total.seconds += r.seconds;
+  total.forward_seconds += r.forward_seconds;
+  total.head_seconds += r.head_seconds;
+  total.statistics_seconds += r.statistics_seconds;
+  total.peak_activation_bytes = std::max(total.peak_activation_bytes, r.peak_activation_bytes);
+  total.peak_bytes = std::max(total.peak_bytes, r.peak_bytes);
+  total.chunk = r.chunk;
+  total.lowest_layer = r.lowest_layer;
+}
+
 /// The description ranks must agree on: configuration, parameter shapes, options.
 template <DecoderModel M>
 std::string data_parallel_description(M& model, const backward_options& opt) {
@@ -126,10 +140,7 @@ backward_result step_gradients(M& model, std::span<const token_batch> micro_batc
         micro_batches.size());
   for (std::size_t i = 0; i + 1 < micro_batches.size(); ++i) {
     const backward_result r = compute_gradients(model, micro_batches[i], objective_of(i), quiet);
-    total.loss += r.loss;
-    total.seconds += r.seconds;
-    total.peak_activation_bytes = std::max(total.peak_activation_bytes, r.peak_activation_bytes);
-    total.peak_bytes = std::max(total.peak_bytes, r.peak_bytes);
+    detail::add_piece(total, r);
   }
 
   // 3. The last micro-batch, reducing each gradient group when it is final.
@@ -201,12 +212,7 @@ backward_result step_gradients(M& model, std::span<const token_batch> micro_batc
     in_flight.pop_front();
   }
   st.wait_seconds = std::chrono::duration<double>(clock::now() - wait_start).count();
-  total.loss += r.loss;
-  total.seconds += r.seconds;
-  total.peak_activation_bytes = std::max(total.peak_activation_bytes, r.peak_activation_bytes);
-  total.peak_bytes = std::max(total.peak_bytes, r.peak_bytes);
-  total.chunk = r.chunk;
-  total.lowest_layer = r.lowest_layer;
+  detail::add_piece(total, r);
 
   // 4. The step's loss: each piece's loss is its share of the step's.
   comm.all_reduce_sum(std::span<double>(&total.loss, 1)).wait();
