@@ -425,15 +425,15 @@ void expect_one_process_training(const std::string& optimizer, const model_confi
 }  // namespace
 
 TEST_CASE("train() over the ranks with grad_accum 2 equals one process on the union batch") {
-  // ZeRO-1 AdamW with clipping, BAdam (both with 2 micro-batches per rank), BREAD-SGD (one):
-  // losses and weights after 4 steps equal train() in one process with a batch of all the
-  // step's rows.
+  // ZeRO-1 AdamW with clipping, BAdam and BREAD-SGD, 2 micro-batches per rank (BREAD's
+  // in-backward update uses the gradient of the whole step): losses and weights after 4 steps
+  // equal train() in one process with a batch of all the step's rows.
   const index_t n = world().size();
   const model_config cfg = tiny_config(4, 2, true, false, 2);
   const token_dataset data = uneven_rows(13, 7, cfg.vocab_size);  // 13: steps wrap around
   for (const std::string& optimizer : std::vector<std::string>{"adamw", "badam", "bread-sgd"}) {
     CAPTURE(optimizer);
-    const index_t accum = optimizer == "bread-sgd" ? 1 : 2;
+    const index_t accum = 2;
     train_options o;
     o.steps = 4;
     o.batch = 1;

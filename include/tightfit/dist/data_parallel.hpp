@@ -17,7 +17,9 @@
 // gradient reduction per layer per step, whatever the chunk or micro-batch count. A group's
 // request is completed (waited, unpacked) at the next group's event or at the end, and only
 // then is the caller's own on_grads_ready called for it, so an in-backward update (BREAD-SGD,
-// LOMO) sees the reduced gradient. Staging buffers are counted by the backend's memory counter.
+// LOMO) sees the reduced gradient of the whole step (lazy layer gradients are allocated up
+// front in the micro-batches before the last, so the last accumulates into them). Staging
+// buffers are counted by the backend's memory counter.
 // Before the first collective the ranks check that they run the same model and options
 // (dist/agreement.hpp). The loss returned is the step's, on every rank.
 #pragma once
@@ -130,14 +132,14 @@ backward_result step_gradients(M& model, std::span<const token_batch> micro_batc
     objective_of(i).use_step_counts(st.step_counts);
 
   // 2. Every micro-batch but the last: plain accumulation (the caller's callback is not called:
-  // no gradient is final before the last micro-batch).
+  // no gradient is final before the last micro-batch). Lazy layer gradients (BREAD: allocated
+  // right before a layer's backward, released by the update in on_grads_ready) are allocated
+  // up front here instead, so that the last micro-batch accumulates into them and the update
+  // sees the step's gradient (the expanded layers' gradients live between micro-batches).
   backward_result total;
   backward_options quiet = opt;
   quiet.on_grads_ready = nullptr;
-  check(!opt.lazy_layer_grads || micro_batches.size() == 1,
-        "step_gradients: lazy_layer_grads frees gradients inside the backward, so it needs one "
-        "micro-batch per step, got ",
-        micro_batches.size());
+  quiet.lazy_layer_grads = false;
   for (std::size_t i = 0; i + 1 < micro_batches.size(); ++i) {
     const backward_result r = compute_gradients(model, micro_batches[i], objective_of(i), quiet);
     detail::add_piece(total, r);
