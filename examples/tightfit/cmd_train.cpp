@@ -197,10 +197,6 @@ void validate(const args& a) {
     if (a.parallel != "sequence") throw usage_error{"--assignment is for --parallel sequence"};
     (void)parse_sequence_assignment(a.assignment);
   }
-  if (a.grad_accum > 1 && a.optimizer.rfind("bread-", 0) == 0)
-    throw usage_error{a.optimizer +
-                      " updates inactive layers inside the backward, on one micro-batch's "
-                      "gradient: it needs --grad-accum 1"};
   // These throw tightfit::error naming the value.
   (void)parse_backward_schedule(a.sched);
   (void)runtime_schedule::parse(a.schedule, 1);

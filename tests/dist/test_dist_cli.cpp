@@ -127,7 +127,7 @@ TEST_CASE("mpirun -np 2 train --parallel data equals one process on the union ba
     const char* extra;
   };
   for (const run_case& c : {run_case{"adamw", 2, "--clip 0.5"}, run_case{"badam", 2, ""},
-                            run_case{"bread-sgd", 1, "--bread-scope all"}}) {
+                            run_case{"bread-sgd", 2, "--bread-scope all"}}) {
     const std::string name = c.optimizer;
     CAPTURE(name);
     const std::string base = f.common(name) + " " + c.extra + " --steps 4";
