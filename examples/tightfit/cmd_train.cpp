@@ -504,9 +504,6 @@ int run(const args& a, Comm& comm) {
   auto table = read_token_table(a.data);
   const token_dataset data(table.rows, table.seq_len, std::move(table.input_ids),
                            std::move(table.labels), std::move(table.position_ids));
-  check(a.parallel != "sequence" || data.position_ids().empty(), a.data,
-        ": --parallel sequence with packed rows (position_ids) is not supported yet; use "
-        "--parallel data or one process");
   {
     backward_options bo;
     bo.sched = parse_backward_schedule(a.sched);

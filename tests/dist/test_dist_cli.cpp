@@ -462,13 +462,14 @@ TEST_CASE("mpirun -np 2 and 3 grad --parallel data on packed rows equals one pro
   CHECK(r.err.find("runs --objective sft only") != std::string::npos);
 }
 
-TEST_CASE("mpirun -np 2 train --parallel data on packed rows equals one process (f64)") {
+TEST_CASE("mpirun train --parallel data|sequence on packed rows equals one process (f64)") {
   packed_fixture f;
   const std::string base = "train --model " + q(f.model) + " --data " + q(f.sft) +
                            " --optimizer adamw --dtype f64 --lr 0.02 --chunk 4 --steps 3 --quiet";
   expect_one_process_training(f, "packed", base, "--batch 2", 2, "--parallel data --batch 1", 3);
-  // sequence parallelism over packed rows is refused in train for now
-  const auto seq = mpirun(2, base + " --parallel sequence --batch 2");
-  CHECK(seq.code != 0);
-  CHECK(seq.err.find("packed rows") != std::string::npos);
+  // sequence parallel: every rank the step's packed rows, a shard of their positions
+  expect_one_process_training(f, "packed-seq2", base, "--batch 2", 2,
+                              "--parallel sequence --batch 1 --grad-accum 2", 3);
+  expect_one_process_training(f, "packed-seq3", base, "--batch 2", 3,
+                              "--parallel sequence --batch 2 --assignment contiguous", 3);
 }
