@@ -18,6 +18,7 @@
 #include "batch_file.hpp"
 #include "checks.hpp"
 #include "commands.hpp"
+#include "mpi_launch.hpp"
 #include "tightfit/backend/eigen.hpp"
 #include "tightfit/dist/data_parallel.hpp"
 #include "tightfit/dist/self_communicator.hpp"
@@ -30,10 +31,6 @@
 #include "tightfit/nn/hf_model.hpp"
 #include "tightfit/stream/backward.hpp"
 #include "tightfit/stream/planner.hpp"
-
-#if defined(TIGHTFIT_HAS_MPI)
-#include "tightfit/dist/mpi_communicator.hpp"
-#endif
 
 namespace tightfit::cli {
 
@@ -86,8 +83,10 @@ constexpr const char* grad_usage =
     "  (dpo: of the pairs), --parallel sequence a share of every row's positions (zigzag\n"
     "  blocks by default, or contiguous; stream or checkpoint schedule); the gradients are those\n"
     "  of one process on the whole batch; rank 0 prints and writes --out, the others are\n"
-    "  silent; peak_activation_bytes is the largest rank's. Packed batches (position_ids) run\n"
-    "  in one process only for now.\n";
+    "  silent; peak_activation_bytes is the largest rank's. Packed batches (position_ids):\n"
+    "  --parallel data splits the rows, each rank taking the documents of its rows (dpo: the\n"
+    "  chosen rows, and the rejected rows of their pairs, which must break where the chosen\n"
+    "  rows do); --parallel sequence runs packed sft only.\n";
 
 /// A comma-separated list of token ids (--eos-token-id 2 or 2,151645), each in [0, 2^31).
 std::vector<token_id> parse_token_ids(const std::string& key, const std::string& text) {
@@ -138,34 +137,70 @@ int run_grad_with(const arguments& a, const model_config& cfg, Comm& comm) {
         mask_truncated_completions(lb.targets, lb.ids, b, t, lb.lengths, stop, lb.positions);
   }
   const token_batch batch = lb.view();
-  check(parallel.empty() || lb.positions.empty(), batch_file.source(), ": --parallel ", parallel,
-        " with packed sequences (position_ids) is not supported yet; ", "run it in one process");
+  const bool packed = !lb.positions.empty();
+  check(parallel != "sequence" || !packed || objective == "sft", batch_file.source(),
+        ": --parallel sequence with packed sequences (position_ids) runs --objective sft only "
+        "for now (the ",
+        objective,
+        " statistics per packed document are not split over positions yet); use "
+        "--parallel data or one process");
 
-  // --parallel data: this rank's rows [r B / N, (r + 1) B / N) (dpo: its pairs' chosen rows,
-  // then their rejected rows), and the pairs renumbered over them; empty in one process.
+  // --parallel data: this rank's rows [r B / N, (r + 1) B / N) and their documents [d0, d1)
+  // (packed rows hold several, the others one); dpo: the chosen rows [r Rc / N, (r + 1) Rc / N),
+  // their pairs [d0, d1), then the rejected rows of those pairs, and the pairs renumbered over
+  // the rank's rows. Empty in one process.
   const int ranks = comm.size(), me = comm.rank();
+  std::vector<index_t> docs_before(static_cast<std::size_t>(b + 1), 0);  // documents in rows < r
+  for (index_t r = 0; r < b; ++r) {
+    index_t n = packed ? 0 : 1;
+    if (packed)
+      for (index_t k = 0; k < t; ++k) n += lb.positions[static_cast<std::size_t>(r * t + k)] == 0;
+    docs_before[static_cast<std::size_t>(r + 1)] = docs_before[static_cast<std::size_t>(r)] + n;
+  }
   std::vector<index_t> my_rows, my_chosen, my_rejected;
+  index_t d0 = 0, d1 = 0;
   if (parallel == "data" && objective == "dpo") {
-    const index_t p = lb.pairs();
-    const index_t p0 = p * me / ranks, p1 = p * (me + 1) / ranks;
-    check(p >= ranks, batch_file.source(), ": ", p, " pairs for ", ranks,
-          " ranks (--parallel data needs at least one pair per rank)");
-    for (index_t i = p0; i < p1; ++i) my_rows.push_back(i);
-    for (index_t i = p0; i < p1; ++i) my_rows.push_back(p + i);
-    for (index_t i = 0; i < p1 - p0; ++i) {
+    const index_t p = lb.pairs(), rc = lb.chosen_rows;
+    check(rc >= ranks, batch_file.source(), ": ", p, " pairs", packed ? " packed in " : "",
+          packed ? std::to_string(rc) + " chosen rows" : "", " for ", ranks,
+          " ranks (--parallel data needs at least one ", packed ? "chosen row" : "pair",
+          " per rank)");
+    const index_t c0 = rc * me / ranks, c1 = rc * (me + 1) / ranks;
+    d0 = docs_before[static_cast<std::size_t>(c0)];
+    d1 = docs_before[static_cast<std::size_t>(c1)];
+    // the rejected rows that hold exactly the rejected documents p + d0 .. p + d1 - 1
+    auto row_starting = [&](index_t doc) -> index_t {
+      for (index_t j = rc; j <= b; ++j)
+        if (docs_before[static_cast<std::size_t>(j)] == doc) return j;
+      return -1;
+    };
+    const index_t j0 = row_starting(p + d0), j1 = row_starting(p + d1);
+    check(j0 >= 0 && j1 >= 0, batch_file.source(), ": the rejected documents of pairs [", d0, ", ",
+          d1, ") (rank ", me, "'s chosen rows [", c0, ", ", c1,
+          ")) do not fill whole rejected rows, so --parallel data cannot give each rank whole "
+          "pairs (pack the rejected documents in rows that break where the chosen rows do)");
+    for (index_t r = c0; r < c1; ++r) my_rows.push_back(r);
+    for (index_t r = j0; r < j1; ++r) my_rows.push_back(r);
+    for (index_t i = 0; i < d1 - d0; ++i) {
       my_chosen.push_back(i);
-      my_rejected.push_back(p1 - p0 + i);
+      my_rejected.push_back(d1 - d0 + i);
     }
   } else if (parallel == "data") {
     check(b >= ranks, batch_file.source(), ": ", b, " rows for ", ranks,
           " ranks (--parallel data needs at least one row per rank)");
-    for (index_t r = b * me / ranks; r < b * (me + 1) / ranks; ++r) my_rows.push_back(r);
+    const index_t r0 = b * me / ranks, r1 = b * (me + 1) / ranks;
+    for (index_t r = r0; r < r1; ++r) my_rows.push_back(r);
+    d0 = docs_before[static_cast<std::size_t>(r0)];
+    d1 = docs_before[static_cast<std::size_t>(r1)];
   }
+  std::vector<index_t> my_docs;  // this rank's documents (grpo: advantages; dpo: pairs)
+  for (index_t i = d0; i < d1; ++i) my_docs.push_back(i);
   const std::vector<token_id> my_ids = take_rows(lb.ids, my_rows, t),
                               my_targets = take_rows(lb.targets, my_rows, t);
-  const std::vector<index_t> my_lengths = take_rows(lb.lengths, my_rows, 1);
+  const std::vector<index_t> my_lengths = take_rows(lb.lengths, my_rows, 1),
+                             my_positions = take_rows(lb.positions, my_rows, t);
   const token_batch my_batch{
-      static_cast<index_t>(my_rows.size()), t, my_ids, my_targets, my_lengths, {}};
+      static_cast<index_t>(my_rows.size()), t, my_ids, my_targets, my_lengths, my_positions};
 
   backward_options opt;
   opt.sched = parse_backward_schedule(a.get("--schedule", "stream"));
@@ -225,7 +260,7 @@ int run_grad_with(const arguments& a, const model_config& cfg, Comm& comm) {
     go.level = parse_importance_sampling_level(a.get("--importance-sampling-level", "token"));
     go.delta = a.real("--delta", 0.0, 0, 1e6);
     grpo_loss loss(adv, old, refp, go);
-    const auto my_adv = take_rows(adv, my_rows, 1), my_old = take_rows(old, my_rows, t),
+    const auto my_adv = take_rows(adv, my_docs, 1), my_old = take_rows(old, my_rows, t),
                my_ref = take_rows(refp, my_rows, t);
     // this rank's rows (data parallel only: in one process my_rows is empty)
     grpo_loss mine = parallel == "data" ? grpo_loss(my_adv, my_old, my_ref, go) : loss;
@@ -247,10 +282,7 @@ int run_grad_with(const arguments& a, const model_config& cfg, Comm& comm) {
       ref_l = read_floats(batch_file, "ref_rejected_logps", p);
     }
     dpo_loss loss(lb.chosen, lb.rejected, ref_w, ref_l, dopt);
-    std::vector<index_t> my_pairs;
-    if (parallel == "data")
-      for (index_t i = p * me / ranks; i < p * (me + 1) / ranks; ++i) my_pairs.push_back(i);
-    const auto my_ref_w = take_rows(ref_w, my_pairs, 1), my_ref_l = take_rows(ref_l, my_pairs, 1);
+    const auto my_ref_w = take_rows(ref_w, my_docs, 1), my_ref_l = take_rows(ref_l, my_docs, 1);
     // this rank's pairs (data parallel; with sequence parallelism a rank may have none)
     dpo_loss mine =
         parallel == "data" ? dpo_loss(my_chosen, my_rejected, my_ref_w, my_ref_l, dopt) : loss;
@@ -265,10 +297,7 @@ int run_grad_with(const arguments& a, const model_config& cfg, Comm& comm) {
         " (not finite); nothing written");
   check_finite_gradients(model.parameters(), "step 1");
   // the largest rank's peak (every rank takes part in the gather)
-  double peak = static_cast<double>(result.peak_activation_bytes);
-  std::vector<double> peaks(static_cast<std::size_t>(ranks));
-  comm.all_gather(std::span<const double>(&peak, 1), std::span<double>(peaks));
-  peak = *std::max_element(peaks.begin(), peaks.end());
+  const double peak = max_over_ranks(comm, static_cast<double>(result.peak_activation_bytes));
   if (me != 0) return 0;  // rank 0 alone prints and writes
   if (a.has("--out")) save_gradients(a.get("--out"), model.parameters());
 
@@ -383,36 +412,6 @@ void check_grad_arguments(const arguments& a) {
   if (a.has("--out")) paths.output_file("--out", a.get("--out"), "model.safetensors");
 }
 
-/// --parallel: MPI initialised here, every rank runs run_grad; a rank that fails reports and
-/// ends the whole job (MPI_Abort), since the others may be waiting in a collective.
-int run_parallel([[maybe_unused]] const arguments& a,
-                 [[maybe_unused]] const std::string& dtype) {  // unused without MPI
-#if defined(TIGHTFIT_HAS_MPI)
-  mpi_environment env;
-  mpi_communicator comm;
-  int code = 1;
-  std::string message;
-  try {
-    return dtype == "f64" ? run_grad<double>(a, comm) : run_grad<float>(a, comm);
-  } catch (const usage_error& e) {
-    code = 2;
-    message = e.message;
-  } catch (const std::exception& e) {
-    message = e.what();
-  }
-  if (comm.rank() == 0)
-    std::fprintf(stderr, "tightfit grad: %s\n", message.c_str());
-  else
-    std::fprintf(stderr, "tightfit grad: rank %d of %d: %s\n", comm.rank(), comm.size(),
-                 message.c_str());
-  std::fflush(stderr);
-  if (comm.size() > 1) comm.abort(code);
-  return code;
-#else
-  fail("--parallel needs MPI, and this tightfit was built without it");
-#endif
-}
-
 }  // namespace
 
 int grad(int argc, char** argv) {
@@ -448,7 +447,11 @@ int grad(int argc, char** argv) {
                             throw;
                           }
                           const std::string dtype = a.get("--dtype", "f32");
-                          if (a.has("--parallel")) return run_parallel(a, dtype);
+                          if (a.has("--parallel"))
+                            return run_under_mpi("grad", [&](auto& comm) {
+                              return dtype == "f64" ? run_grad<double>(a, comm)
+                                                    : run_grad<float>(a, comm);
+                            });
                           self_communicator self;
                           if (dtype == "f64") return run_grad<double>(a, self);
                           return run_grad<float>(a, self);

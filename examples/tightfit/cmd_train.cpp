@@ -2,7 +2,9 @@
 // (Adam, AdamW, SGD, BAdam, BREAD-SGD, BREAD-LoRA) or LoRA adapters (AdamW on the adapters, the
 // model frozen; written in the PEFT layout) on a tokenized safetensors data set, with
 // gradient accumulation (--grad-accum) and, under mpirun, data parallelism (--parallel data:
-// ZeRO-1 for the full optimizers, the active block only for BAdam / BREAD-SGD).
+// ZeRO-1 for the full optimizers, the active block only for BAdam / BREAD-SGD) or sequence
+// parallelism (--parallel sequence: every rank the step's rows, a shard of their positions;
+// ZeRO-1 for the full optimizers, BAdam).
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -15,6 +17,7 @@
 #include "args.hpp"
 #include "checks.hpp"
 #include "commands.hpp"
+#include "mpi_launch.hpp"
 #include "tightfit/backend/eigen.hpp"
 #include "tightfit/dist/self_communicator.hpp"
 #include "tightfit/dist/zero1.hpp"
@@ -29,9 +32,6 @@
 #include "tightfit/optim/lora_optimizer.hpp"
 #include "tightfit/optim/optim.hpp"
 #include "tightfit/optim/train.hpp"
-#if defined(TIGHTFIT_HAS_MPI)
-#include "tightfit/dist/mpi_communicator.hpp"
-#endif
 
 namespace tightfit::cli {
 
@@ -53,6 +53,11 @@ void train_usage(std::FILE* out) {
       "  --parallel data      data parallel over the ranks of mpirun (needs MPI): each rank\n"
       "                       trains on its rows of every step; adam/adamw/sgd shard their\n"
       "                       state (ZeRO-1); rank 0 prints and writes the outputs\n"
+      "  --parallel sequence  sequence parallel over the ranks of mpirun: every rank trains on\n"
+      "                       the B x A rows of each step (A: --grad-accum), each on a share of\n"
+      "                       their positions\n"
+      "                       (--assignment zigzag|contiguous, default zigzag); adam, adamw,\n"
+      "                       sgd (ZeRO-1) and badam; --sched stream or checkpoint\n"
       "  --dtype f32|f64      value type of weights, gradients and state (default f32)\n"
       "  --lr X               learning rate of the update rule (default 1e-3; sgd 1e-2)\n"
       "  --schedule S         constant | warmup:W | cosine | cosine:W (default constant)\n"
@@ -105,7 +110,7 @@ model_config train_preset(const std::string& name) {
 struct args {
   std::string model, preset, data, optimizer,
       schedule = "constant", order = "random", start_block, log, save_state, resume, save_model,
-      sched = "stream", scope = "partial", parallel, dtype = "f32", adapter, merge_out;
+      sched = "stream", scope = "partial", parallel, assignment, dtype = "f32", adapter, merge_out;
   std::optional<index_t> lora_rank;
   std::optional<double> lora_alpha, lora_dropout;
   std::optional<std::string> target_modules;
@@ -164,30 +169,34 @@ void validate(const args& a) {
                       "--rslora)"};
   if (lora) (void)cli_lora_config(a).projections();  // a bad module name or dropout: exit 2
   if (lora && !a.parallel.empty())
-    throw usage_error{"--parallel data does not train --optimizer lora yet"};
+    throw usage_error{"--parallel " + a.parallel + " does not train --optimizer lora yet"};
   if (a.scope != "partial" && a.scope != "all")
     throw usage_error{"--bread-scope is '" + a.scope + "', expected partial or all"};
   check(a.clip >= 0, "--clip is ", a.clip, ", expected >= 0 (0: off)");
   if (a.dtype != "f32" && a.dtype != "f64")
     throw usage_error{"--dtype is '" + a.dtype + "', expected f32 or f64"};
-  if (a.parallel == "sequence")
-    throw usage_error{"--parallel sequence is not in the tool yet (--parallel data is)"};
-  if (!a.parallel.empty() && a.parallel != "data")
-    throw usage_error{"--parallel is '" + a.parallel + "', expected data"};
+  if (!a.parallel.empty() && a.parallel != "data" && a.parallel != "sequence")
+    throw usage_error{"--parallel is '" + a.parallel + "', expected data or sequence"};
 #if !defined(TIGHTFIT_HAS_MPI)
   if (!a.parallel.empty())
-    throw usage_error{
-        "--parallel data needs MPI, and this tightfit was built without it "
-        "(install OpenMPI, e.g. scripts/deps --mpi, and rebuild)"};
+    throw usage_error{"--parallel " + a.parallel +
+                      " needs MPI, and this tightfit was built without it "
+                      "(install OpenMPI, e.g. scripts/deps --mpi, and rebuild)"};
 #endif
-  if (!a.parallel.empty() && a.optimizer == "bread-lora")
+  if (a.parallel == "data" && a.optimizer == "bread-lora")
     throw usage_error{
         "--parallel data trains adam, adamw, sgd, badam and bread-sgd; not "
         "bread-lora yet"};
-  if (a.grad_accum > 1 && a.optimizer.rfind("bread-", 0) == 0)
-    throw usage_error{a.optimizer +
-                      " updates inactive layers inside the backward, on one micro-batch's "
-                      "gradient: it needs --grad-accum 1"};
+  if (a.parallel == "sequence" && a.optimizer.rfind("bread-", 0) == 0)
+    throw usage_error{"--parallel sequence trains adam, adamw, sgd and badam; not " + a.optimizer +
+                      " (its in-backward update of inactive layers frees their gradients "
+                      "inside the backward, which the sequence-parallel backward does not do)"};
+  if (a.parallel == "sequence" && parse_backward_schedule(a.sched) == backward_schedule::full)
+    throw usage_error{"--parallel sequence needs --sched stream or checkpoint, not full"};
+  if (!a.assignment.empty()) {
+    if (a.parallel != "sequence") throw usage_error{"--assignment is for --parallel sequence"};
+    (void)parse_sequence_assignment(a.assignment);
+  }
   // These throw tightfit::error naming the value.
   (void)parse_backward_schedule(a.sched);
   (void)runtime_schedule::parse(a.schedule, 1);
@@ -273,6 +282,10 @@ int run_training(decoder_model<eigen_backend<T>>& model, const token_dataset& da
   o.grad_accum = a.grad_accum;
   o.backward.sched = parse_backward_schedule(a.sched);
   o.backward.chunk = a.chunk;
+  if (a.parallel == "sequence") {
+    o.parallel = train_parallelism::sequence;
+    if (!a.assignment.empty()) o.sequence.assignment = parse_sequence_assignment(a.assignment);
+  }
   // Non-finite policy: train() stops at a non-finite loss; a non-finite gradient or update stops
   // here, naming the step and the tensor, before anything is logged further or saved.
   auto finite = [&model, &opt](std::int64_t step, const step_result&) {
@@ -319,14 +332,15 @@ int run_training(decoder_model<eigen_backend<T>>& model, const token_dataset& da
       w.write(shard_path(a.save_state, comm.rank()));
     }
   }
+  // the largest rank's peak (every rank takes part in the gather)
+  const double peak = max_over_ranks(comm, static_cast<double>(s.peak_bytes));
   if (!root) return 0;
   const double first = s.losses.empty() ? 0 : s.losses.front();
   const double last = s.losses.empty() ? 0 : s.losses.back();
   std::printf(
       "optimizer %s  steps %lld  loss %.4f -> %.4f  %.0f tok/s  peak %.1f MiB  state %.1f MiB\n",
       a.optimizer.c_str(), static_cast<long long>(a.steps), first, last, s.tokens_per_second,
-      static_cast<double>(s.peak_bytes) / 1048576.0,
-      static_cast<double>(s.state_bytes) / 1048576.0);
+      peak / 1048576.0, static_cast<double>(s.state_bytes) / 1048576.0);
   if constexpr (lora_optimizer_of<Opt>) {
     if (!a.save_model.empty())
       save_peft_adapter(a.save_model, opt.adapters(),
@@ -345,35 +359,6 @@ int run_training(decoder_model<eigen_backend<T>>& model, const token_dataset& da
 
 template <class T, class Comm>
 int run(const args& a, Comm& comm);
-
-/// --parallel data: MPI initialised here, every rank runs run(); a rank that fails reports and
-/// ends the whole job (MPI_Abort), since the others may be waiting in a collective.
-int run_parallel([[maybe_unused]] const args& a) {  // unused without MPI
-#if defined(TIGHTFIT_HAS_MPI)
-  mpi_environment env;
-  mpi_communicator comm;
-  int code = 1;
-  std::string message;
-  try {
-    return a.dtype == "f64" ? run<double>(a, comm) : run<float>(a, comm);
-  } catch (const usage_error& e) {
-    code = 2;
-    message = e.message;
-  } catch (const std::exception& e) {
-    message = e.what();
-  }
-  if (comm.rank() == 0)
-    std::fprintf(stderr, "tightfit train: %s\n", message.c_str());
-  else
-    std::fprintf(stderr, "tightfit train: rank %d of %d: %s\n", comm.rank(), comm.size(),
-                 message.c_str());
-  std::fflush(stderr);
-  if (comm.size() > 1) comm.abort(code);
-  return code;
-#else
-  fail("--parallel data needs MPI, and this tightfit was built without it");
-#endif
-}
 
 }  // namespace
 
@@ -417,6 +402,8 @@ int train(int argc, char** argv) {
         a.scope = value();
       } else if (f == "--parallel") {
         a.parallel = value();
+      } else if (f == "--assignment") {
+        a.assignment = value();
       } else if (f == "--dtype") {
         a.dtype = value();
       } else if (f == "--adapter") {
@@ -488,7 +475,10 @@ int train(int argc, char** argv) {
   }
 
   try {
-    if (!a.parallel.empty()) return run_parallel(a);
+    if (!a.parallel.empty())
+      return run_under_mpi("train", [&](auto& comm) {
+        return a.dtype == "f64" ? run<double>(a, comm) : run<float>(a, comm);
+      });
     self_communicator self;
     return a.dtype == "f64" ? run<double>(a, self) : run<float>(a, self);
   } catch (const usage_error& e) {  // sizes refused once the model is known

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_model.hpp"
 #include "cli_testing.hpp"
 #include "stream/stream_testing.hpp"
 #include "tightfit/io/safetensors.hpp"
@@ -25,25 +26,12 @@ using cli_testing::run;
 
 namespace {
 
-using ref = reference_backend<double>;
-
 /// A 3-layer random model directory (F64 weights) and a learnable data set beside it.
-struct lora_fixture {
-  fs::path dir = cli_testing::scratch("lora");
-  fs::path model = dir / "model";
+struct lora_fixture : cli_testing::model_fixture {
   fs::path data = dir / "counting.safetensors";
-  model_config cfg = testing::tiny_config(4, 2, true, false, 3);
-  lora_fixture() {
-    fs::create_directories(model);
-    ref be;
-    decoder_model<ref> m(be, cfg);
-    m.init_random(5, 0.1);
-    save_hf_config(cfg, model);
-    save_hf_weights(model, m.parameters());
+  lora_fixture() : model_fixture("lora") {
     const index_t n = 4, t = 16;
-    std::vector<std::int64_t> ids;
-    for (index_t r = 0; r < n; ++r)
-      for (index_t k = 0; k < t; ++k) ids.push_back((3 * r + k) % 8);
+    const auto ids = cli_testing::counting_ids(n, t);
     safetensors_writer w;
     w.add("input_ids", {n, t}, std::span<const std::int64_t>(ids));
     w.write(data);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_model.hpp"
 #include "cli_testing.hpp"
 #include "stream/stream_testing.hpp"
 #include "tightfit/io/safetensors.hpp"
@@ -26,21 +27,9 @@ using cli_testing::run;
 
 namespace {
 
-using ref = reference_backend<double>;
-
 /// A 3-layer random model directory (F64 weights) and data sets beside it.
-struct train_fixture {
-  fs::path dir = cli_testing::scratch("train");
-  fs::path model = dir / "model";
-  model_config cfg = testing::tiny_config(4, 2, true, false, 3);
-  train_fixture() {
-    fs::create_directories(model);
-    ref be;
-    decoder_model<ref> m(be, cfg);
-    m.init_random(5, 0.1);
-    save_hf_config(cfg, model);
-    save_hf_weights(model, m.parameters());
-  }
+struct train_fixture : cli_testing::model_fixture {
+  train_fixture() : model_fixture("train") {}
   /// N rows of T tokens; labels: the inputs with the first position of each row ignored.
   fs::path data(const std::vector<std::int64_t>& ids, index_t n, index_t t,
                 const std::string& name) const {
@@ -55,23 +44,7 @@ struct train_fixture {
   }
   /// Counting sequences: token t + 1 follows token t (mod 8), from a different start per row.
   fs::path counting(const std::string& name = "counting.safetensors", index_t t = 16) const {
-    const index_t n = 4;
-    std::vector<std::int64_t> ids;
-    for (index_t r = 0; r < n; ++r)
-      for (index_t k = 0; k < t; ++k) ids.push_back((3 * r + k) % 8);
-    return data(ids, n, t, name);
-  }
-  /// The parameter values of a model directory.
-  std::vector<std::vector<double>> weights(const fs::path& d) const {
-    ref be;
-    decoder_model<ref> m(be, load_hf_config(d));
-    load_hf_weights(d, m.parameters());
-    std::vector<std::vector<double>> out;
-    for (std::size_t i = 0; i < m.parameters().size(); ++i) {
-      const auto v = m.parameters().value(i);
-      out.emplace_back(v.begin(), v.end());
-    }
-    return out;
+    return data(cli_testing::counting_ids(4, t), 4, t, name);
   }
 };
 
@@ -245,11 +218,12 @@ TEST_CASE("train: --grad-accum N equals one batch of the union (f64, 1e-12)") {
     }
     return worst;
   };
-  for (const std::string opt : {"adam", "badam"}) {
+  for (const std::string opt : {"adam", "badam", "bread-sgd", "bread-lora"}) {
     CAPTURE(opt);
-    const std::string common =
-        "train --model " + q(f.model) + " --data " + q(data) + " --optimizer " + opt +
-        " --dtype f64 --lr 0.02 --switch-every 2 --chunk 4 --steps 3 --quiet";
+    const std::string common = "train --model " + q(f.model) + " --data " + q(data) +
+                               " --optimizer " + opt +
+                               " --dtype f64 --lr 0.02 --switch-every 2 --chunk 4 --steps 3 "
+                               "--bread-lr 0.05 --bread-scope all --quiet";
     std::vector<std::vector<double>> losses;
     std::vector<std::vector<std::vector<double>>> weights;
     for (const std::string split :
@@ -354,10 +328,11 @@ TEST_CASE("train: wrong arguments exit 2 with the usage, before any file is read
         base + "--optimizer adam --total-steps 0",
         base + "--optimizer adam --grad-accum 0",
         base + "--optimizer adam --dtype f16",
-        base + "--optimizer adam --parallel sequence",
+        base + "--optimizer adam --parallel sequence --sched full",
+        base + "--optimizer bread-sgd --parallel sequence",
+        base + "--optimizer adam --assignment zigzag",
         base + "--optimizer adam --parallel model",
         base + "--optimizer bread-lora --parallel data",
-        base + "--optimizer bread-sgd --grad-accum 2",
         std::string("train --model m --preset tiny --data d --optimizer adam")}) {
     CAPTURE(args);
     const auto r = run(args);

@@ -349,14 +349,19 @@ double max_losses_rel_diff(const std::vector<double>& a, const std::vector<doubl
 }
 }  // namespace
 
-TEST_CASE("train() over the ranks with grad_accum 2 equals one process on the union batch") {
-  // ZeRO-1 AdamW with clipping, BAdam (both with 2 micro-batches per rank), BREAD-SGD (one):
-  // losses and weights after 4 steps equal train() in one process with a batch of all the
-  // step's rows.
-  auto& comm = world();
-  const index_t n = comm.size();
-  const model_config cfg = tiny_config(4, 2, true, false, 2);
-  const token_dataset data = uneven_rows(13, 7, cfg.vocab_size);  // 13: steps wrap around
+namespace {
+
+/// Losses, weights and gradient norms of train() from the seeded weights of `cfg` as rank
+/// comm.rank() (a self_communicator: one process) with `optimizer`: "adam" (replicated),
+/// "adamw" (clipped at 0.5; over the ranks ZeRO-1), "badam" or "bread-sgd" (one layer per
+/// block, 2 steps per block, lr 2e-2; BREAD's in-backward step 0.05).
+struct trained {
+  std::vector<double> losses, norms;
+  std::vector<std::vector<double>> weights;
+};
+template <class Comm>
+trained train_with(Comm& comm, const std::string& optimizer, const model_config& cfg,
+                   const token_dataset& data, const train_options& options) {
   using ref = reference_backend<double>;
   adamw_update_rule adamw;
   adamw.lr = 2e-2;
@@ -367,9 +372,68 @@ TEST_CASE("train() over the ranks with grad_accum 2 equals one process on the un
   k2.seed = 5;
   sgd_expansion bread;
   bread.lr = 0.05;
+  ref be;
+  decoder_model<ref> m(be, cfg);
+  seed_weights(m);
+  trained out;
+  auto record = [&](std::int64_t, const step_result& r) { out.norms.push_back(r.grad_norm); };
+  const constant_schedule sched;
+  if (optimizer == "adam") {
+    auto opt = make_full_optimizer(m, adam, 0.0);
+    out.losses = train(comm, m, data, opt, sched, options, sft_loss{}, record).losses;
+  } else if (optimizer == "adamw") {
+    if constexpr (std::is_same_v<Comm, mpi_communicator>) {
+      zero1_full_optimizer<ref, adamw_update_rule, mpi_communicator> opt(m, adamw, comm, 0.5);
+      out.losses = train(comm, m, data, opt, sched, options, sft_loss{}, record).losses;
+    } else {
+      auto opt = make_full_optimizer(m, adamw, 0.5);
+      out.losses = train(comm, m, data, opt, sched, options, sft_loss{}, record).losses;
+    }
+  } else if (optimizer == "badam") {
+    block_optimizer<ref> opt(m, block_partition::by_layer(m.parameters()), adam, {}, {}, k2);
+    out.losses = train(comm, m, data, opt, sched, options, sft_loss{}, record).losses;
+  } else {
+    block_optimizer<ref, adam_update_rule, random_reshuffle, sgd_expansion> opt(
+        m, block_partition::by_layer(m.parameters()), adam, {}, bread, k2);
+    out.losses = train(comm, m, data, opt, sched, options, sft_loss{}, record).losses;
+  }
+  out.weights = weights_of(m);
+  return out;
+}
+
+/// train_with over the ranks (`dist`) against one process (`one`): losses, weights and (adamw)
+/// the clipped gradient norms equal to 1e-12; the clipping acted; the weights moved.
+void expect_one_process_training(const std::string& optimizer, const model_config& cfg,
+                                 const token_dataset& data, const train_options& dist,
+                                 const train_options& one) {
+  self_communicator self;
+  const trained a = train_with(self, optimizer, cfg, data, one);
+  const trained b = train_with(world(), optimizer, cfg, data, dist);
+  CHECK(max_losses_rel_diff(b.losses, a.losses) <= 1e-12);
+  CHECK(max_grads_rel_diff(b.weights, a.weights) <= 1e-12);
+  if (optimizer == "adamw") {
+    REQUIRE(a.norms.size() == static_cast<std::size_t>(one.steps));
+    CHECK(a.norms[0] > 0.5);  // the clipping acted
+    CHECK(max_losses_rel_diff(b.norms, a.norms) <= 1e-12);
+  }
+  reference_backend<double> be;
+  decoder_model<reference_backend<double>> initial(be, cfg);
+  seed_weights(initial);
+  CHECK(max_grads_rel_diff(a.weights, weights_of(initial)) > 1e-3);  // trained
+}
+
+}  // namespace
+
+TEST_CASE("train() over the ranks with grad_accum 2 equals one process on the union batch") {
+  // ZeRO-1 AdamW with clipping, BAdam and BREAD-SGD, 2 micro-batches per rank (BREAD's
+  // in-backward update uses the gradient of the whole step): losses and weights after 4 steps
+  // equal train() in one process with a batch of all the step's rows.
+  const index_t n = world().size();
+  const model_config cfg = tiny_config(4, 2, true, false, 2);
+  const token_dataset data = uneven_rows(13, 7, cfg.vocab_size);  // 13: steps wrap around
   for (const std::string& optimizer : std::vector<std::string>{"adamw", "badam", "bread-sgd"}) {
     CAPTURE(optimizer);
-    const index_t accum = optimizer == "bread-sgd" ? 1 : 2;
+    const index_t accum = 2;
     train_options o;
     o.steps = 4;
     o.batch = 1;
@@ -378,48 +442,34 @@ TEST_CASE("train() over the ranks with grad_accum 2 equals one process on the un
     train_options u = o;
     u.batch = n * accum;
     u.grad_accum = 1;
-    std::vector<double> norms_one, norms_dist;
-    auto run = [&](auto& comm_or_self, const train_options& options, std::vector<double>& norms) {
-      ref be;
-      decoder_model<ref> m(be, cfg);
-      seed_weights(m);
-      auto record = [&](std::int64_t, const step_result& r) { norms.push_back(r.grad_norm); };
-      std::vector<double> losses;
-      using comm_t = std::remove_cvref_t<decltype(comm_or_self)>;
-      if (optimizer == "adamw") {
-        if constexpr (std::is_same_v<comm_t, mpi_communicator>) {
-          zero1_full_optimizer<ref, adamw_update_rule, mpi_communicator> opt(m, adamw, comm, 0.5);
-          losses =
-              train(comm, m, data, opt, constant_schedule{}, options, sft_loss{}, record).losses;
-        } else {
-          auto opt = make_full_optimizer(m, adamw, 0.5);
-          losses = train(m, data, opt, constant_schedule{}, options, sft_loss{}, record).losses;
-        }
-      } else if (optimizer == "badam") {
-        block_optimizer<ref> opt(m, block_partition::by_layer(m.parameters()), adam, {}, {}, k2);
-        losses = train(comm_or_self, m, data, opt, constant_schedule{}, options, sft_loss{}).losses;
-      } else {
-        block_optimizer<ref, adam_update_rule, random_reshuffle, sgd_expansion> opt(
-            m, block_partition::by_layer(m.parameters()), adam, {}, bread, k2);
-        losses = train(comm_or_self, m, data, opt, constant_schedule{}, options, sft_loss{}).losses;
-      }
-      return std::make_pair(losses, weights_of(m));
-    };
-    self_communicator self;
-    const auto one = run(self, u, norms_one);
-    const auto dist = run(comm, o, norms_dist);
-    CHECK(max_losses_rel_diff(dist.first, one.first) <= 1e-12);
-    CHECK(max_grads_rel_diff(dist.second, one.second) <= 1e-12);
-    if (optimizer == "adamw") {
-      REQUIRE(norms_one.size() == 4);
-      CHECK(norms_one[0] > 0.5);  // the clipping acted
-      CHECK(max_losses_rel_diff(norms_dist, norms_one) <= 1e-12);
-    }
-    ref be;
-    decoder_model<ref> initial(be, cfg);
-    seed_weights(initial);
-    CHECK(max_grads_rel_diff(one.second, weights_of(initial)) > 1e-3);  // trained
+    expect_one_process_training(optimizer, cfg, data, o, u);
   }
+}
+
+TEST_CASE("train() sequence parallel with grad_accum 2 equals one process on the union batch") {
+  // Every rank trains on the step's rows, a shard of their positions: replicated Adam, ZeRO-1
+  // AdamW with clipping and BAdam, 2 micro-batches of 2 rows of T = 11 (not divisible by 2 or
+  // 3, uneven supervised lengths): losses and weights after 4 steps equal train() in one
+  // process with a batch of the step's 4 rows, for both assignments.
+  const model_config cfg = tiny_config(4, 2, true, false, 2);
+  const token_dataset data = uneven_rows(9, 11, cfg.vocab_size);  // 9: steps wrap around
+  for (const std::string& optimizer : std::vector<std::string>{"adam", "adamw", "badam"})
+    for (const auto assignment : {sequence_assignment::zigzag, sequence_assignment::contiguous}) {
+      CAPTURE(optimizer);
+      CAPTURE(to_string(assignment));
+      train_options o;
+      o.steps = 4;
+      o.batch = 2;
+      o.grad_accum = 2;
+      o.backward = opts(backward_schedule::stream);
+      o.parallel = train_parallelism::sequence;
+      o.sequence.assignment = assignment;
+      train_options u = o;
+      u.batch = 4;
+      u.grad_accum = 1;
+      u.parallel = train_parallelism::data;
+      expect_one_process_training(optimizer, cfg, data, o, u);
+    }
 }
 
 #if defined(TIGHTFIT_TEST_IO)

@@ -13,8 +13,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "cli/cli_model.hpp"
 #include "cli/cli_testing.hpp"
 #include "stream/stream_testing.hpp"
 #include "tightfit/io/safetensors.hpp"
@@ -27,25 +29,15 @@ using cli_testing::q;
 
 namespace {
 
-using ref = reference_backend<double>;
-
 /// `mpirun -np N tightfit ARGS` (loopback TCP, oversubscribed), stdout and stderr captured.
 cli_testing::outcome mpirun(int ranks, const std::string& args) {
   return cli_testing::run_with(
       std::string(TIGHTFIT_MPIRUN) + " -np " + std::to_string(ranks) + " env ", args);
 }
 
-struct fixture {
-  fs::path dir = cli_testing::scratch("dist");
-  fs::path model = dir / "model", data = dir / "data.safetensors";
-  model_config cfg = testing::tiny_config(4, 2, true, false, 3);
-  fixture() {
-    fs::create_directories(model);
-    ref be;
-    decoder_model<ref> m(be, cfg);
-    m.init_random(5, 0.1);
-    save_hf_config(cfg, model);
-    save_hf_weights(model, m.parameters());
+struct fixture : cli_testing::model_fixture {
+  fs::path data = dir / "data.safetensors";
+  fixture() : model_fixture("dist") {
     // 9 rows of 10 tokens (steps wrap around); row r ignores its first 1 + 3r mod 5 labels, so
     // that the ranks' pieces supervise different numbers of tokens.
     const index_t n = 9, t = 10;
@@ -59,17 +51,6 @@ struct fixture {
     w.add("input_ids", {n, t}, std::span<const std::int64_t>(ids));
     w.add("labels", {n, t}, std::span<const std::int64_t>(labels));
     w.write(data);
-  }
-  std::vector<std::vector<double>> weights(const fs::path& d) const {
-    ref be;
-    decoder_model<ref> m(be, load_hf_config(d));
-    load_hf_weights(d, m.parameters());
-    std::vector<std::vector<double>> out;
-    for (std::size_t i = 0; i < m.parameters().size(); ++i) {
-      const auto v = m.parameters().value(i);
-      out.emplace_back(v.begin(), v.end());
-    }
-    return out;
   }
   std::string common(const std::string& optimizer) const {
     return "train --model " + q(model) + " --data " + q(data) + " --optimizer " + optimizer +
@@ -111,6 +92,31 @@ double max_rel(const std::vector<double>& a, const std::vector<double>& b) {
   return worst;
 }
 
+/// `tightfit BASE ONE` in one process against `mpirun -np RANKS tightfit BASE PAR`: rank 0 alone
+/// prints, the JSON-log losses (`steps` of them) and the saved weights equal to 1e-12, and the
+/// weights moved from the initial model's.
+void expect_one_process_training(const fixture& f, const std::string& tag, const std::string& base,
+                                 const std::string& one_args, int ranks,
+                                 const std::string& par_args, std::size_t steps) {
+  const auto log1 = f.dir / (tag + "-1.jsonl"), log2 = f.dir / (tag + "-n.jsonl");
+  const auto out1 = f.dir / (tag + "-1"), out2 = f.dir / (tag + "-n");
+  const auto one =
+      cli_testing::run(base + " " + one_args + " --log " + q(log1) + " --save-model " + q(out1));
+  INFO(one.err);
+  REQUIRE(one.code == 0);
+  const auto par =
+      mpirun(ranks, base + " " + par_args + " --log " + q(log2) + " --save-model " + q(out2));
+  INFO(par.err);
+  REQUIRE(par.code == 0);
+  CHECK(lines(par.out) == 1);  // rank 0's summary only
+  CHECK(par.out.find("optimizer ") != std::string::npos);
+  const auto l1 = logged_losses(log1), l2 = logged_losses(log2);
+  REQUIRE(l1.size() == steps);
+  CHECK(max_rel(l2, l1) <= 1e-12);
+  CHECK(max_rel(f.weights(out2), f.weights(out1)) <= 1e-12);
+  CHECK(max_rel(f.weights(out1), f.weights(f.model)) > 1e-4);  // it trained
+}
+
 }  // namespace
 
 TEST_CASE("mpirun -np 2 train --parallel data equals one process on the union batch (f64)") {
@@ -121,27 +127,49 @@ TEST_CASE("mpirun -np 2 train --parallel data equals one process on the union ba
     const char* extra;
   };
   for (const run_case& c : {run_case{"adamw", 2, "--clip 0.5"}, run_case{"badam", 2, ""},
-                            run_case{"bread-sgd", 1, "--bread-scope all"}}) {
+                            run_case{"bread-sgd", 2, "--bread-scope all"}}) {
     const std::string name = c.optimizer;
     CAPTURE(name);
-    const auto log1 = f.dir / (name + "-1.jsonl"), log2 = f.dir / (name + "-2.jsonl");
-    const auto out1 = f.dir / (name + "-1"), out2 = f.dir / (name + "-2");
     const std::string base = f.common(name) + " " + c.extra + " --steps 4";
-    const auto one = cli_testing::run(base + " --batch " + std::to_string(2 * c.accum) + " --log " +
-                                      q(log1) + " --save-model " + q(out1));
-    REQUIRE(one.code == 0);
-    const auto two =
-        mpirun(2, base + " --parallel data --batch 1 --grad-accum " + std::to_string(c.accum) +
-                      " --log " + q(log2) + " --save-model " + q(out2));
-    INFO(two.err);
-    REQUIRE(two.code == 0);
-    CHECK(lines(two.out) == 1);  // rank 0's summary only
-    CHECK(two.out.find("optimizer " + name) != std::string::npos);
-    const auto l1 = logged_losses(log1), l2 = logged_losses(log2);
-    REQUIRE(l1.size() == 4);
-    CHECK(max_rel(l2, l1) <= 1e-12);
-    CHECK(max_rel(f.weights(out2), f.weights(out1)) <= 1e-12);
-    CHECK(max_rel(f.weights(out1), f.weights(f.model)) > 1e-4);  // it trained
+    expect_one_process_training(f, name, base, "--batch " + std::to_string(2 * c.accum), 2,
+                                "--parallel data --batch 1 --grad-accum " + std::to_string(c.accum),
+                                4);
+  }
+}
+
+TEST_CASE("mpirun -np 2 and 3 train --parallel sequence equals one process (f64)") {
+  // Every rank trains on the step's rows (2 micro-batches of 2), a shard of their positions
+  // (T = 10: not divisible by 3, zig-zag blocks of 1 and 2): losses and weights equal one
+  // process with --batch 4.
+  fixture f;
+  struct run_case {
+    const char* optimizer;
+    int ranks;
+    const char* both;      // options of both runs
+    const char* parallel;  // options of the parallel run
+  };
+  for (const run_case& c :
+       {run_case{"adamw", 2, "--clip 0.5", ""}, run_case{"adamw", 3, "--clip 0.5", ""},
+        run_case{"adam", 2, "--sched checkpoint", "--assignment contiguous"},
+        run_case{"badam", 2, "", ""}, run_case{"badam", 3, "", "--assignment contiguous"}}) {
+    const std::string name = c.optimizer;
+    CAPTURE(name);
+    CAPTURE(c.ranks);
+    CAPTURE(std::string(c.parallel));
+    const std::string base = f.common(name) + " --steps 4 " + c.both;
+    expect_one_process_training(
+        f, name + "-seq" + std::to_string(c.ranks), base, "--batch 4", c.ranks,
+        std::string("--parallel sequence --batch 2 --grad-accum 2 ") + c.parallel, 4);
+  }
+  // What sequence parallelism does not train: refused before MPI starts (exit 2, usage once).
+  for (const std::string& refused :
+       {std::string("--optimizer bread-sgd"), std::string("--optimizer adam --sched full")}) {
+    CAPTURE(refused);
+    const auto r = mpirun(2, "train --model " + q(f.model) + " --data " + q(f.data) + " " +
+                                 refused + " --parallel sequence --quiet");
+    CHECK(r.code == 2);
+    CHECK(r.err.find("--parallel sequence") != std::string::npos);
+    CHECK(r.out.empty());
   }
 }
 
@@ -257,52 +285,62 @@ std::vector<std::vector<double>> gradient_file(const fs::path& p) {
   return out;
 }
 
+/// A `tightfit grad` case: objective, batch file, options.
+struct grad_case {
+  const char* objective;
+  const fs::path* batch;
+  const char* extra;
+  std::string command(const fs::path& model) const {
+    return "grad --model " + q(model) + " --batch " + q(*batch) + " --objective " + objective +
+           " --dtype f64 --chunk 2 " + extra;
+  }
+};
+
+/// `tightfit BASE` in one process, then `mpirun -np RANKS tightfit BASE ARGS` for each run:
+/// rank 0 alone prints, its JSON line names the ranks, the loss and every gradient written to
+/// --out equal the one process's to 1e-12 relative.
+void expect_one_process_gradients(const fs::path& dir, const std::string& base,
+                                  const std::vector<std::pair<int, std::string>>& runs) {
+  const auto want_out = dir / "one.safetensors";
+  const auto one = cli_testing::run(base + " --out " + q(want_out));
+  INFO(one.err);
+  REQUIRE(one.code == 0);
+  const double want_loss = nlohmann::json::parse(one.out)["loss"].get<double>();
+  const auto want = gradient_file(want_out);
+  for (const auto& [ranks, args] : runs) {
+    CAPTURE(ranks);
+    CAPTURE(args);
+    const auto got_out = dir / "par.safetensors";
+    fs::remove(got_out);
+    const auto got = mpirun(ranks, base + " " + args + " --out " + q(got_out));
+    INFO(got.err);
+    REQUIRE(got.code == 0);
+    CHECK(lines(got.out) == 1);  // rank 0 alone prints
+    const auto json = nlohmann::json::parse(got.out);
+    CHECK(json["ranks"].get<int>() == ranks);
+    CHECK(std::abs(json["loss"].get<double>() - want_loss) <= 1e-12 * std::abs(want_loss));
+    CHECK(max_rel(gradient_file(got_out), want) <= 1e-12);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("mpirun -np 2 and 3 grad --parallel data|sequence equal one process (f64)") {
   grad_fixture f;
-  struct grad_case {
-    const char* objective;
-    const fs::path* batch;
-    const char* extra;
-  };
   for (const grad_case& c :
        {grad_case{"sft", &f.sft, ""}, grad_case{"grpo", &f.grpo, "--beta 0.04"},
         grad_case{"dpo", &f.dpo, "--beta 0.1"}}) {
     const std::string name = c.objective;
-    const std::string base = "grad --model " + q(f.model) + " --batch " + q(*c.batch) +
-                             " --objective " + name + " --dtype f64 --chunk 2 " + c.extra;
-    const auto want_out = f.dir / (name + "-one.safetensors");
-    const auto one = cli_testing::run(base + " --out " + q(want_out));
-    INFO(one.err);
-    REQUIRE(one.code == 0);
-    const double want_loss = nlohmann::json::parse(one.out)["loss"].get<double>();
-    const auto want = gradient_file(want_out);
-    struct par_case {
-      int ranks;
-      const char* args;
-    };
-    for (const par_case& p :
-         {par_case{2, "--parallel sequence"}, par_case{3, "--parallel sequence"},
-          par_case{2, "--parallel sequence --assignment contiguous"},
-          par_case{3, "--parallel sequence --assignment contiguous --schedule checkpoint"},
-          par_case{2, "--parallel data"}, par_case{3, "--parallel data"}}) {
-      if (name == "dpo" && p.ranks == 3 && std::string(p.args) == "--parallel data")
-        continue;  // 2 pairs
-      CAPTURE(name);
-      CAPTURE(p.ranks);
-      CAPTURE(std::string(p.args));
-      const auto got_out = f.dir / (name + "-par.safetensors");
-      fs::remove(got_out);
-      const auto got = mpirun(p.ranks, base + " " + p.args + " --out " + q(got_out));
-      INFO(got.err);
-      REQUIRE(got.code == 0);
-      CHECK(lines(got.out) == 1);  // rank 0 alone prints
-      const auto json = nlohmann::json::parse(got.out);
-      CHECK(json["ranks"].get<int>() == p.ranks);
-      CHECK(std::abs(json["loss"].get<double>() - want_loss) <= 1e-12 * std::abs(want_loss));
-      CHECK(max_rel(gradient_file(got_out), want) <= 1e-12);
-    }
+    const std::string base = c.command(f.model);
+    CAPTURE(name);
+    std::vector<std::pair<int, std::string>> runs{
+        {2, "--parallel sequence"},
+        {3, "--parallel sequence"},
+        {2, "--parallel sequence --assignment contiguous"},
+        {3, "--parallel sequence --assignment contiguous --schedule checkpoint"},
+        {2, "--parallel data"}};
+    if (name != "dpo") runs.emplace_back(3, "--parallel data");  // dpo: 2 pairs
+    expect_one_process_gradients(f.dir, base, runs);
   }
   // Arguments: a wrong --parallel exits 2 with the usage once; too few positions per rank end
   // the whole job with the error naming T and the ranks.
@@ -318,4 +356,120 @@ TEST_CASE("mpirun -np 2 and 3 grad --parallel data|sequence equal one process (f
                     " --objective dpo --parallel data");
   CHECK(r.code != 0);
   CHECK(r.err.find("2 pairs for 3 ranks") != std::string::npos);
+}
+
+namespace {
+
+/// Packed batch files (position_ids): sft and grpo, 4 rows of T = 11 holding documents of
+/// 4 + 7, 11, 3 + 3 + 5 and 6 + 5 tokens (8 documents, one advantage each); dpo, 5 pairs packed
+/// in 3 chosen rows (5 + 6, 11, 4 + 7) and 3 rejected rows (3 + 8, 11, 6 + 5) that break where
+/// the chosen rows do; and the sft rows without position_ids (the documents attend to each
+/// other: another loss).
+struct packed_fixture : fixture {
+  fs::path sft = dir / "packed-sft.safetensors", grpo = dir / "packed-grpo.safetensors",
+           dpo = dir / "packed-dpo.safetensors", leaky = dir / "leaky-sft.safetensors";
+  static constexpr index_t t = 11;
+  /// ids, labels (the first token of each document ignored) and positions of packed rows.
+  static void pack(const std::vector<std::vector<index_t>>& rows, index_t salt,
+                   std::vector<std::int64_t>& ids, std::vector<std::int64_t>& labels,
+                   std::vector<std::int64_t>& pos) {
+    index_t doc = 0;
+    for (const auto& row : rows) {
+      for (index_t len : row) {
+        for (index_t k = 0; k < len; ++k) {
+          ids.push_back((salt + 5 * doc + 3 * k + 1) % 8);
+          labels.push_back(k == 0 || (k + doc) % 4 == 3 ? ignore_index : ids.back());
+          pos.push_back(k);
+        }
+        ++doc;
+      }
+    }
+  }
+  packed_fixture() {
+    std::vector<std::int64_t> ids, labels, pos;
+    pack({{4, 7}, {11}, {3, 3, 5}, {6, 5}}, 0, ids, labels, pos);
+    const index_t b = 4, docs = 8;
+    std::vector<double> adv, old_lp, ref_lp;
+    for (index_t d = 0; d < docs; ++d) adv.push_back(0.6 - 0.17 * static_cast<double>(d));
+    for (index_t i = 0; i < b * t; ++i) {
+      old_lp.push_back(-2.1 + 0.05 * static_cast<double>(i % 7));
+      ref_lp.push_back(-2.0 - 0.03 * static_cast<double>((2 * i) % 5));
+    }
+    safetensors_writer w;
+    w.add("input_ids", {b, t}, std::span<const std::int64_t>(ids));
+    w.add("labels", {b, t}, std::span<const std::int64_t>(labels));
+    w.write(leaky);
+    w.add("position_ids", {b, t}, std::span<const std::int64_t>(pos));
+    w.write(sft);
+    w.add("advantages", {docs}, std::span<const double>(adv));
+    w.add("old_logprobs", {b, t}, std::span<const double>(old_lp));
+    w.add("ref_logprobs", {b, t}, std::span<const double>(ref_lp));
+    w.write(grpo);
+    std::vector<std::int64_t> ci, cl, cp, ri, rl, rp;
+    pack({{5, 6}, {11}, {4, 7}}, 1, ci, cl, cp);
+    pack({{3, 8}, {11}, {6, 5}}, 4, ri, rl, rp);
+    const std::vector<double> ref_w{-9.0, -11.5, -20.0, -7.5, -13.0},
+        ref_l{-6.5, -16.0, -19.0, -12.5, -10.0};
+    safetensors_writer d;
+    d.add("chosen_input_ids", {3, t}, std::span<const std::int64_t>(ci));
+    d.add("chosen_labels", {3, t}, std::span<const std::int64_t>(cl));
+    d.add("chosen_position_ids", {3, t}, std::span<const std::int64_t>(cp));
+    d.add("rejected_input_ids", {3, t}, std::span<const std::int64_t>(ri));
+    d.add("rejected_labels", {3, t}, std::span<const std::int64_t>(rl));
+    d.add("rejected_position_ids", {3, t}, std::span<const std::int64_t>(rp));
+    d.add("ref_chosen_logps", {5}, std::span<const double>(ref_w));
+    d.add("ref_rejected_logps", {5}, std::span<const double>(ref_l));
+    d.write(dpo);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("mpirun -np 2 and 3 grad --parallel data on packed rows equals one process (f64)") {
+  // Each rank takes whole rows and the documents in them (grpo: their advantages; dpo: the
+  // chosen rows and the rejected rows of their pairs); the per-document statistics and the
+  // normalisers span the union batch. Packed sft also runs --parallel sequence.
+  packed_fixture f;
+  for (const grad_case& c :
+       {grad_case{"sft", &f.sft, ""}, grad_case{"grpo", &f.grpo, "--beta 0.04"},
+        grad_case{"grpo", &f.grpo, "--loss-type bnpo --importance-sampling-level sequence"},
+        grad_case{"dpo", &f.dpo, "--beta 0.1"}}) {
+    const std::string name = c.objective;
+    const std::string base = c.command(f.model);
+    CAPTURE(name);
+    CAPTURE(std::string(c.extra));
+    std::vector<std::pair<int, std::string>> runs{{2, "--parallel data"}, {3, "--parallel data"}};
+    if (name == "sft") {
+      runs.emplace_back(2, "--parallel sequence");
+      runs.emplace_back(3, "--parallel sequence --assignment contiguous");
+    }
+    expect_one_process_gradients(f.dir, base, runs);
+  }
+  // The packing matters (the check above can fail): without position_ids the documents attend
+  // to each other, another loss.
+  const auto leaky = cli_testing::run("grad --model " + q(f.model) + " --batch " + q(f.leaky) +
+                                      " --dtype f64 --chunk 2");
+  const auto packed = cli_testing::run("grad --model " + q(f.model) + " --batch " + q(f.sft) +
+                                       " --dtype f64 --chunk 2");
+  REQUIRE(leaky.code == 0);
+  REQUIRE(packed.code == 0);
+  CHECK(std::abs(nlohmann::json::parse(leaky.out)["loss"].get<double>() -
+                 nlohmann::json::parse(packed.out)["loss"].get<double>()) > 1e-6);
+  // Packed grpo under --parallel sequence is refused by name.
+  const auto r = mpirun(2, "grad --model " + q(f.model) + " --batch " + q(f.grpo) +
+                               " --objective grpo --parallel sequence");
+  CHECK(r.code != 0);
+  CHECK(r.err.find("runs --objective sft only") != std::string::npos);
+}
+
+TEST_CASE("mpirun train --parallel data|sequence on packed rows equals one process (f64)") {
+  packed_fixture f;
+  const std::string base = "train --model " + q(f.model) + " --data " + q(f.sft) +
+                           " --optimizer adamw --dtype f64 --lr 0.02 --chunk 4 --steps 3 --quiet";
+  expect_one_process_training(f, "packed", base, "--batch 2", 2, "--parallel data --batch 1", 3);
+  // sequence parallel: every rank the step's packed rows, a shard of their positions
+  expect_one_process_training(f, "packed-seq2", base, "--batch 2", 2,
+                              "--parallel sequence --batch 1 --grad-accum 2", 3);
+  expect_one_process_training(f, "packed-seq3", base, "--batch 2", 3,
+                              "--parallel sequence --batch 2 --assignment contiguous", 3);
 }

@@ -1,5 +1,6 @@
 // The Communicator concept, the one-rank communicator and gradient accumulation over
-// micro-batches (step_gradients with self_communicator); no MPI needed.
+// micro-batches (step_gradients and sequence_step_gradients with self_communicator); no MPI
+// needed.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -13,6 +14,7 @@
 #include "tightfit/dist/data_parallel.hpp"
 #include "tightfit/dist/self_communicator.hpp"
 #include "tightfit/dist/sequence_parallel.hpp"
+#include "tightfit/dist/sequence_step.hpp"
 
 using namespace tightfit;
 
@@ -168,4 +170,28 @@ TEST_CASE("sequence parallel in one process (self_communicator): compute_gradien
       CHECK(max_grads_rel_diff(model_grads(sp), model_grads(one)) <= 1e-12);
       CHECK(st.local_positions == 9);
     }
+}
+
+TEST_CASE("sequence_step_gradients in one process: micro-batches give their union's gradient") {
+  // Each micro-batch sequence parallel over one rank; the step's counts span both (no message):
+  // the loss and gradients of the union batch, 1e-12 in double.
+  const model_config cfg = tiny_config(4, 2, true, false, 2);
+  const piece a(2, 9, cfg.vocab_size, 21), b(4, 9, cfg.vocab_size, 22);
+  const std::vector<token_batch> micro{a.rows.view(), b.rows.view()};
+  for (const char* name : {"sft", "grpo", "bnpo", "dpo"}) {
+    CAPTURE(name);
+    const objective_spec spec{name, 9};
+    backward_options opt = stream_opts(2);
+    const union_result want = run_union(cfg, {&a, &b}, spec, opt);
+    reference_backend<double> be;
+    decoder_model<reference_backend<double>> model(be, cfg);
+    seed_weights(model);
+    std::vector<test_objective> objectives{make_objective(spec, a), make_objective(spec, b)};
+    self_communicator self;
+    const backward_result got = sequence_step_gradients(
+        model, std::span<const token_batch>(micro),
+        [&](std::size_t i) -> test_objective& { return objectives[i]; }, opt, self);
+    CHECK(std::abs(got.loss - want.loss) <= 1e-12 * std::abs(want.loss));
+    CHECK(max_grads_rel_diff(model_grads(model), want.grads) <= 1e-12);
+  }
 }

@@ -17,7 +17,9 @@
 // gradient reduction per layer per step, whatever the chunk or micro-batch count. A group's
 // request is completed (waited, unpacked) at the next group's event or at the end, and only
 // then is the caller's own on_grads_ready called for it, so an in-backward update (BREAD-SGD,
-// LOMO) sees the reduced gradient. Staging buffers are counted by the backend's memory counter.
+// LOMO) sees the reduced gradient of the whole step (lazy layer gradients are allocated up
+// front in the micro-batches before the last, so the last accumulates into them). Staging
+// buffers are counted by the backend's memory counter.
 // Before the first collective the ranks check that they run the same model and options
 // (dist/agreement.hpp). The loss returned is the step's, on every rank.
 #pragma once
@@ -56,6 +58,20 @@ struct data_parallel_stats {
 enum class gradient_sync { all_reduce, none };
 
 namespace detail {
+
+/// Adds a piece's backward (one micro-batch's) to the step's: loss and times add, the peaks are
+/// the largest, chunk and lowest layer are the piece's.
+inline void add_piece(backward_result& total, const backward_result& r) {
+  total.loss += r.loss;
+  total.seconds += r.seconds;
+  total.forward_seconds += r.forward_seconds;
+  total.head_seconds += r.head_seconds;
+  total.statistics_seconds += r.statistics_seconds;
+  total.peak_activation_bytes = std::max(total.peak_activation_bytes, r.peak_activation_bytes);
+  total.peak_bytes = std::max(total.peak_bytes, r.peak_bytes);
+  total.chunk = r.chunk;
+  total.lowest_layer = r.lowest_layer;
+}
 
 /// The description ranks must agree on: configuration, parameter shapes, options.
 template <DecoderModel M>
@@ -116,20 +132,17 @@ backward_result step_gradients(M& model, std::span<const token_batch> micro_batc
     objective_of(i).use_step_counts(st.step_counts);
 
   // 2. Every micro-batch but the last: plain accumulation (the caller's callback is not called:
-  // no gradient is final before the last micro-batch).
+  // no gradient is final before the last micro-batch). Lazy layer gradients (BREAD: allocated
+  // right before a layer's backward, released by the update in on_grads_ready) are allocated
+  // up front here instead, so that the last micro-batch accumulates into them and the update
+  // sees the step's gradient (the expanded layers' gradients live between micro-batches).
   backward_result total;
   backward_options quiet = opt;
   quiet.on_grads_ready = nullptr;
-  check(!opt.lazy_layer_grads || micro_batches.size() == 1,
-        "step_gradients: lazy_layer_grads frees gradients inside the backward, so it needs one "
-        "micro-batch per step, got ",
-        micro_batches.size());
+  quiet.lazy_layer_grads = false;
   for (std::size_t i = 0; i + 1 < micro_batches.size(); ++i) {
     const backward_result r = compute_gradients(model, micro_batches[i], objective_of(i), quiet);
-    total.loss += r.loss;
-    total.seconds += r.seconds;
-    total.peak_activation_bytes = std::max(total.peak_activation_bytes, r.peak_activation_bytes);
-    total.peak_bytes = std::max(total.peak_bytes, r.peak_bytes);
+    detail::add_piece(total, r);
   }
 
   // 3. The last micro-batch, reducing each gradient group when it is final.
@@ -201,12 +214,7 @@ backward_result step_gradients(M& model, std::span<const token_batch> micro_batc
     in_flight.pop_front();
   }
   st.wait_seconds = std::chrono::duration<double>(clock::now() - wait_start).count();
-  total.loss += r.loss;
-  total.seconds += r.seconds;
-  total.peak_activation_bytes = std::max(total.peak_activation_bytes, r.peak_activation_bytes);
-  total.peak_bytes = std::max(total.peak_bytes, r.peak_bytes);
-  total.chunk = r.chunk;
-  total.lowest_layer = r.lowest_layer;
+  detail::add_piece(total, r);
 
   // 4. The step's loss: each piece's loss is its share of the step's.
   comm.all_reduce_sum(std::span<double>(&total.loss, 1)).wait();

@@ -13,6 +13,10 @@
 // union of a step's pieces is the batch of one process run with --batch G. With A > 1 or R > 1
 // the gradients come from step_gradients (dist/data_parallel.hpp), whose normalisers span the
 // whole step, so the update equals the one-process update on the union batch (to rounding).
+// With train_options::parallel = sequence the ranks split positions instead of rows: a step
+// takes G = A x B rows, every rank passes micro-batch m (rows s*G + m*B onwards) whole and
+// computes its shard of their positions (dist/sequence_step.hpp; the layer must be a
+// SequenceParallelLayer), with the same union batch and the same update.
 //
 // Each step sets the optimizer's learning-rate factor from the schedule, builds each piece's
 // objective (a copy of the Objective given, or objective(batch) when a factory is given), steps,
@@ -37,6 +41,7 @@
 #include "tightfit/dist/communicator.hpp"
 #include "tightfit/dist/data_parallel.hpp"
 #include "tightfit/dist/self_communicator.hpp"
+#include "tightfit/dist/sequence_step.hpp"
 #include "tightfit/loss/objective.hpp"
 #include "tightfit/nn/layer.hpp"
 #include "tightfit/optim/block_optimizer.hpp"
@@ -126,12 +131,20 @@ inline dataset_batch make_batch(const token_dataset& data, index_t first, index_
   return b;
 }
 
+/// How train(comm, ...) uses the ranks of its communicator.
+enum class train_parallelism {
+  data,     ///< each rank its own rows of every step
+  sequence  ///< every rank the step's rows, each a shard of their positions
+};
+
 /// Options of train().
 struct train_options {
   std::int64_t steps = 100;
-  index_t batch = 1;          ///< rows per micro-batch (and rank)
+  index_t batch = 1;          ///< rows per micro-batch (and rank, with data parallelism)
   index_t grad_accum = 1;     ///< micro-batches per optimizer step (and rank)
   backward_options backward;  ///< schedule, chunk, ... (gradient control: the optimizer's)
+  train_parallelism parallel = train_parallelism::data;
+  sequence_parallel_options sequence{};  ///< the position assignment (parallel = sequence)
 };
 
 /// What callbacks see when the run begins.
@@ -250,16 +263,23 @@ train_summary train(C& comm, M& model, const token_dataset& data, Optimizer& opt
   check(options.steps >= 0, "train: steps is ", options.steps, ", expected >= 0");
   check(options.batch >= 1, "train: batch is ", options.batch, ", expected >= 1");
   check(options.grad_accum >= 1, "train: grad_accum is ", options.grad_accum, ", expected >= 1");
+  const bool by_sequence = options.parallel == train_parallelism::sequence;
   const index_t ranks = comm.size(), rank = comm.rank();
+  // ranks sharing rows (data parallelism) and this rank's place among them
+  const index_t row_ranks = by_sequence ? 1 : ranks, row_rank = by_sequence ? 0 : rank;
   constexpr index_t most = std::numeric_limits<index_t>::max();
   check(options.batch <= most / options.grad_accum / ranks, "train: batch ", options.batch,
         " x grad_accum ", options.grad_accum, " x ranks ", ranks, " does not fit in 64 bits");
-  const index_t rows_per_step = options.batch * options.grad_accum * ranks;  // G
+  const index_t rows_per_step = options.batch * options.grad_accum * row_ranks;  // G
   const bool pieces = options.grad_accum > 1 || ranks > 1;
   if constexpr (!StepNormalisedObjective<objective_type>)
     check(!pieces,
           "train: gradient accumulation and data parallelism need an objective whose "
           "normalisers span the step (StepNormalisedObjective)");
+  if constexpr (!SequenceParallelLayer<typename M::layer_type, typename M::backend_type>)
+    check(!by_sequence,
+          "train: sequence parallelism needs a layer with the sequence-parallel "
+          "extension (SequenceParallelLayer); this model's layer has none");
   data.validate(model.config().vocab_size);
   train_summary sum;
   const auto start = clock::now();
@@ -289,15 +309,22 @@ train_summary train(C& comm, M& model, const token_dataset& data, Optimizer& opt
       objectives.clear();
       for (index_t m = 0; m < options.grad_accum; ++m)
         batches.push_back(make_batch(
-            data, global * rows_per_step + (rank * options.grad_accum + m) * options.batch,
+            data, global * rows_per_step + (row_rank * options.grad_accum + m) * options.batch,
             options.batch));
       for (const auto& b : batches) {
         views.push_back(b.view());
         objectives.push_back(detail::make_objective(objective, b));
       }
-      detail::pieces_gradients<objective_type, C> policy{views, &objectives, &comm,
-                                                         detail::gradient_sync_of<Optimizer>()};
-      r = optimizer.step(views.front(), objectives.front(), options.backward, policy);
+      if (!by_sequence) {
+        detail::pieces_gradients<objective_type, C> policy{views, &objectives, &comm,
+                                                           detail::gradient_sync_of<Optimizer>()};
+        r = optimizer.step(views.front(), objectives.front(), options.backward, policy);
+      } else if constexpr (SequenceParallelLayer<typename M::layer_type,
+                                                 typename M::backend_type>) {
+        sequence_parallel_steps<objective_type, C> policy{
+            views, &objectives, &comm, options.sequence, detail::gradient_sync_of<Optimizer>()};
+        r = optimizer.step(views.front(), objectives.front(), options.backward, policy);
+      }
     }
     // Non-finite policy: stop before anything non-finite is logged or saved.
     check(std::isfinite(r.loss), "train: step ", global + 1, ": the loss is ", r.loss,
