@@ -484,6 +484,12 @@ class decoder_layer {
     if (mode.input_grad) scatter_x(be, seq, c0, c1, matrix_view<const T>(dxc.view(n, d)), dx);
   }
 
+  /// The first `rows` rows of a K/V buffer (over a shard the own rows of a ring block, whose
+  /// buffer holds B*max_local rows).
+  static matrix_view<T> kv_rows(const buffer& b, index_t rows, index_t cols) {
+    return as_matrix(b.span().subspan(0, static_cast<std::size_t>(rows * cols)), rows, cols);
+  }
+
   /// Rows of x, y, dy, dx: B*T, or B*Tl over a shard.
   index_t local_rows(const sequence_batch& seq) const {
     return shard_ ? seq.batch * shard_->local_len() : seq.rows();
@@ -721,7 +727,7 @@ class decoder_layer {
     }
     lora_forward(be, projection::k_proj, h1, k_c.view(n, kvw));
     lora_forward(be, projection::v_proj, h1, v_c.view(n, kvw));
-    scatter_x(be, seq, c0, c1, matrix_view<const T>(v_c.view(n, kvw)), kv.v.view(rows, kvw));
+    scatter_x(be, seq, c0, c1, matrix_view<const T>(v_c.view(n, kvw)), kv_rows(kv.v, rows, kvw));
     if (cfg_.qk_norm) {
       scatter_x(be, seq, c0, c1, matrix_view<const T>(k_c.view(n, kvw)), kv.k_raw.view(rows, kvw));
       buffer kn = be.template allocate<T>(n * kvw);
@@ -734,7 +740,7 @@ class decoder_layer {
       k_c = std::move(kn);
     }
     rope_rows(be, seq, k_c.view(n, kvw), cfg_.num_key_value_heads, c0, c1, false);
-    scatter_x(be, seq, c0, c1, matrix_view<const T>(k_c.view(n, kvw)), kv.k.view(rows, kvw));
+    scatter_x(be, seq, c0, c1, matrix_view<const T>(k_c.view(n, kvw)), kv_rows(kv.k, rows, kvw));
   }
 
   /// a.q (n, H*hd) = RoPE(q-norm(h1 Wq^T + bq)) of the chunk (q_raw, rstd_q with q-norm).
@@ -969,8 +975,8 @@ class decoder_layer {
     const index_t hkv = cfg_.num_key_value_heads, hd = cfg_.head_dim, rows = local_rows(seq);
     buffer dk = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
     buffer dv = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
-    gather_x(be, seq, c0, c1, matrix_view<const T>(kv_->dk.view(rows, kvw)), dk.view(n, kvw));
-    gather_x(be, seq, c0, c1, matrix_view<const T>(kv_->dv.view(rows, kvw)), dv.view(n, kvw));
+    gather_x(be, seq, c0, c1, matrix_view<const T>(kv_rows(kv_->dk, rows, kvw)), dk.view(n, kvw));
+    gather_x(be, seq, c0, c1, matrix_view<const T>(kv_rows(kv_->dv, rows, kvw)), dv.view(n, kvw));
     rope_rows(be, seq, dk.view(n, kvw), hkv, c0, c1, true);
     if (cfg_.qk_norm) {
       buffer k_raw = be.template allocate<T>(n * kvw);
