@@ -302,7 +302,16 @@ class decoder_layer {
     ring_.reset();
     kv.k.reset();
     kv.v.reset();
-    kv_ = std::move(kv);  // the own rows' complete dK/dV (and k-norm state)
+    if (cfg_.qk_norm) {  // the k-norm state of the own rows, recomputed
+      kv_state own = make_kv(be, rows);
+      for_each_shard_chunk(shard_chunk_, false, [&](index_t c0, index_t c1) {
+        chunk_acts a = make_acts(be, seq, x, c0, c1);
+        project_kv(be, seq, a, c0, c1, own);
+      });
+      kv.k_raw = std::move(own.k_raw);
+      kv.rstd_k = std::move(own.rstd_k);
+    }
+    kv_ = std::move(kv);  // the own rows' complete dK/dV and k-norm state
     if (mode.weight_grads || mode.input_grad)
       for_each_shard_chunk(shard_chunk_, true, [&](index_t c0, index_t c1) {
         chunk_acts a = make_acts(be, seq, x, c0, c1);
@@ -355,13 +364,10 @@ class decoder_layer {
   };
 
   /// K/V of the own rows in the ring's block layout: k, v (B*max_local, Hkv*hd) whose first
-  /// B*Tl rows are the own rows (local layout); k_raw, rstd_k (q/k-norm) of the own rows.
+  /// B*Tl rows are the own rows (local layout). No k-norm state (k_raw, rstd_k): the K/V
+  /// projections' backward recomputes it after the ring (make_kv + project_kv, own rows).
   kv_state ring_kv(B& be, const sequence_batch& seq, matrix_view<const T> x, index_t travel) const {
     kv_state kv;
-    if (cfg_.qk_norm) {
-      kv.k_raw = be.template allocate<T>(local_rows(seq) * cfg_.kv_width());
-      kv.rstd_k = be.template allocate<T>(local_rows(seq) * cfg_.num_key_value_heads);
-    }
     kv.k = be.template allocate<T>(travel * cfg_.kv_width());
     kv.v = be.template allocate<T>(travel * cfg_.kv_width());
     for_each_shard_chunk(shard_chunk_, false, [&](index_t c0, index_t c1) {
@@ -406,8 +412,6 @@ class decoder_layer {
     be.fill(ring_->o.view(rows, qw), A(0));
     be.fill(ring_->lse.view(rows, h), -std::numeric_limits<A>::infinity());
     kv_state kv = ring_kv(be, seq, x, travel);
-    kv.k_raw.reset();
-    kv.rstd_k.reset();
     const attention_shape shape{h, cfg_.num_key_value_heads, hd};
     const A scale = A(1) / std::sqrt(A(hd));
     for (int round = 0; round < ring.size(); ++round) {
@@ -729,14 +733,17 @@ class decoder_layer {
     lora_forward(be, projection::v_proj, h1, v_c.view(n, kvw));
     scatter_x(be, seq, c0, c1, matrix_view<const T>(v_c.view(n, kvw)), kv_rows(kv.v, rows, kvw));
     if (cfg_.qk_norm) {
-      scatter_x(be, seq, c0, c1, matrix_view<const T>(k_c.view(n, kvw)), kv.k_raw.view(rows, kvw));
+      if (!kv.k_raw.empty())  // (a ring block keeps no k-norm state: end_backward_shard)
+        scatter_x(be, seq, c0, c1, matrix_view<const T>(k_c.view(n, kvw)),
+                  kv.k_raw.view(rows, kvw));
       buffer kn = be.template allocate<T>(n * kvw);
       buffer rstd = be.template allocate<T>(n * cfg_.num_key_value_heads);
       be.rmsnorm_forward(k_c.view(n * cfg_.num_key_value_heads, hd), vec(ids_.k_norm),
                          A(cfg_.rms_norm_eps), kn.view(n * cfg_.num_key_value_heads, hd),
                          rstd.span());
-      scatter_x(be, seq, c0, c1, matrix_view<const T>(rstd.view(n, cfg_.num_key_value_heads)),
-                kv.rstd_k.view(rows, cfg_.num_key_value_heads));
+      if (!kv.rstd_k.empty())
+        scatter_x(be, seq, c0, c1, matrix_view<const T>(rstd.view(n, cfg_.num_key_value_heads)),
+                  kv.rstd_k.view(rows, cfg_.num_key_value_heads));
       k_c = std::move(kn);
     }
     rope_rows(be, seq, k_c.view(n, kvw), cfg_.num_key_value_heads, c0, c1, false);
