@@ -29,9 +29,11 @@
 // gradients of W + s B A, contracted with B and A).
 // Sequence parallelism (SequenceParallelLayer, nn/sequence_shard.hpp): forward_shard,
 // begin_backward_shard and end_backward_shard run the same chunks over a rank's positions (x,
-// dy, dx hold its rows only; K/V, dK/dV, RoPE and masks are global). There the K/V
-// projections' backward of a chunk cannot run when the chunk is done (later ranks' queries add
-// to its dK/dV): it is deferred to end_backward_shard, after the driver's reduce.
+// dy, dx hold its rows only; RoPE and masks are global). Attention runs over the driver's K/V
+// ring, one key block at a time (attention_mask::k0, merged by log-sum-exp): the backward
+// chunks stop at the attention output's gradient, and end_backward_shard runs the attention
+// backward over the ring (dK/dV partials travel with their block), the Q projections' backward
+// of each round and the K/V projections' of the own rows once their dK/dV are home.
 #pragma once
 
 #include <algorithm>
