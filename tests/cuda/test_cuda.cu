@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -453,6 +454,58 @@ TEST_SUITE("gpu") {
         }
       }
     }
+  }
+
+  TEST_CASE(
+      "flash attention over key blocks (k0, key_end), merged on the device, equals one call") {
+    // The K/V ring's kernels (float): a call split into uneven key blocks under a window and
+    // padding, forward partials merged by attention_merge, backward per block with the merged
+    // O and lse, against the reference backend's single call.
+    TIGHTFIT_NEED_DEVICE();
+    const attention_shape shape{4, 2, 16};
+    const index_t n = 100, valid = 90, window = 20, qc = 64, kc = 32, hs = 4;
+    const std::vector<index_t> cuts = {0, 33, 34, 70, n};
+    const double scale = 0.25;
+    reference_backend<double> rb;
+    cuda_backend<float> cb;
+    auto q = rnd<float>(n * qc, 1, -2, 2), k = rnd<float>(n * kc, 2, -2, 2),
+         v = rnd<float>(n * kc, 3);
+    auto o = zeros(n * qc), lse = zeros(n * hs), dout = rnd<float>(n * qc, 4);
+    auto gq = zeros(n * qc), gk = zeros(n * kc), gv = zeros(n * kc);
+    attention_mask m{0, valid, window};
+    rb.attention_forward(shape, hm(q, n, qc), hm(k, n, kc), hm(v, n, kc), m, scale, hm(o, n, qc),
+                         hm(lse, n, hs));
+    rb.attention_backward(shape, hm(q, n, qc), hm(k, n, kc), hm(v, n, kc), hm(o, n, qc),
+                          hm(dout, n, qc), hm(lse, n, hs), m, scale, hm(gq, n, qc), hm(gk, n, kc),
+                          hm(gv, n, kc));
+    dev<float> dq_(cb, q), dk_(cb, k), dv_(cb, v), ddo(cb, dout), d_o(cb, zeros(n * qc)),
+        dl(cb, zeros(n * hs)), ob(cb, zeros(n * qc)), lb(cb, zeros(n * hs)), dgq(cb, zeros(n * qc)),
+        dgk(cb, zeros(n * kc)), dgv(cb, zeros(n * kc));
+    cb.fill(dl.m(n, hs), -std::numeric_limits<float>::infinity());
+    for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
+      attention_mask mb = m;
+      mb.k0 = cuts[i];
+      mb.key_end = n;
+      cb.attention_forward(shape, dq_.m(n, qc), dk_.m(n, kc).row_range(cuts[i], cuts[i + 1]),
+                           dv_.m(n, kc).row_range(cuts[i], cuts[i + 1]), mb, 0.25f, ob.m(n, qc),
+                           lb.m(n, hs));
+      cb.attention_merge(hs, 16, d_o.m(n, qc), dl.m(n, hs), ob.m(n, qc), lb.m(n, hs));
+    }
+    CHECK(rel_err(d_o.get(), o) < tol<float>());
+    CHECK(rel_err(dl.get(), lse) < tol<float>());
+    for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
+      attention_mask mb = m;
+      mb.k0 = cuts[i];
+      mb.key_end = n;
+      cb.attention_backward(shape, dq_.m(n, qc), dk_.m(n, kc).row_range(cuts[i], cuts[i + 1]),
+                            dv_.m(n, kc).row_range(cuts[i], cuts[i + 1]), d_o.m(n, qc),
+                            ddo.m(n, qc), dl.m(n, hs), mb, 0.25f, dgq.m(n, qc),
+                            dgk.m(n, kc).row_range(cuts[i], cuts[i + 1]),
+                            dgv.m(n, kc).row_range(cuts[i], cuts[i + 1]));
+    }
+    CHECK(rel_err(dgq.get(), gq) < tol<float>());
+    CHECK(rel_err(dgk.get(), gk) < tol<float>());
+    CHECK(rel_err(dgv.get(), gv) < tol<float>());
   }
 
   TEST_CASE_TEMPLATE("softmax cross-entropy forward and backward with temperature", S, float,

@@ -86,6 +86,15 @@ TEST_CASE("all_gather, reduce_scatter_sum, broadcast") {
   CHECK_THROWS_WITH_AS(
       comm.reduce_scatter_sum(std::span<const double>(in), std::span<double>(wrong)),
       doctest::Contains("reduce_scatter_sum: in has"), error);
+  // ring_shift: every rank receives rank (me - 1)'s values
+  const std::vector<double> ring_in{static_cast<double>(me), 10.0 + me};
+  std::vector<double> prev(2);
+  comm.ring_shift(std::span<const double>(ring_in), std::span<double>(prev));
+  const int from = (me + n - 1) % n;
+  CHECK(prev[0] == static_cast<double>(from));
+  CHECK(prev[1] == 10.0 + from);
+  CHECK_THROWS_WITH_AS(comm.ring_shift(std::span<const double>(ring_in), std::span<double>(wrong)),
+                       doctest::Contains("ring_shift: out has 3"), error);
   comm.barrier();
 }
 

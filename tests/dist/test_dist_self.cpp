@@ -37,6 +37,8 @@ struct no_barrier {
   void reduce_scatter_sum(std::span<const T>, std::span<T>) {}
   template <class T>
   void broadcast(std::span<T>, int) {}
+  template <class T>
+  void ring_shift(std::span<const T>, std::span<T>) {}
   comm_stats& stats() { return stats_; }
   comm_stats stats_;
 };
@@ -67,6 +69,13 @@ TEST_CASE("self_communicator: identity collectives, counted, shapes checked") {
                        doctest::Contains("out has 3 values, expected 2"), error);
   CHECK_THROWS_WITH_AS(comm.broadcast(std::span<double>(x), 1), doctest::Contains("root is 1"),
                        error);
+  std::vector<double> ring_out(2);
+  comm.ring_shift(std::span<const double>(x), std::span<double>(ring_out));
+  CHECK(ring_out == x);  // one rank: its own values come back
+  std::vector<double> ring_bad(3);
+  CHECK_THROWS_WITH_AS(comm.ring_shift(std::span<const double>(x), std::span<double>(ring_bad)),
+                       doctest::Contains("ring_shift: out has 3 values, expected 2"), error);
+  CHECK(comm.stats().ring_shift_calls == 1);
   comm.barrier();
   CHECK(comm.stats().all_reduce_calls == 1);
   CHECK(comm.stats().all_gather_calls == 1);

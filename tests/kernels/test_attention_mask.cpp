@@ -237,6 +237,130 @@ TEST_CASE_TEMPLATE("eigen attention under a mask matches the reference, whole an
   }
 }
 
+/// Runs p's attention as query chunks x key blocks (sequence parallelism): for each chunk
+/// [c0, c1), each key block [b0, min(b1, c1)) with b0 < c1 is one call with mask.k0 = b0 and
+/// key_end = c1, the forward's partial (O, lse) merged by merge_attention_blocks (blocks
+/// visited from `last_first`), the backward with the merged O and lse of the whole call.
+template <class T, class Be>
+void run_key_blocks(Be& be, problem<T>& p, index_t chunk, const std::vector<index_t>& cuts,
+                    bool last_first) {
+  const index_t hq = p.shape.heads * p.shape.head_dim;
+  std::vector<std::pair<index_t, index_t>> blocks;
+  for (std::size_t i = 0; i + 1 < cuts.size(); ++i) blocks.emplace_back(cuts[i], cuts[i + 1]);
+  if (last_first) std::reverse(blocks.begin(), blocks.end());
+  for (index_t c0 = 0; c0 < p.n; c0 += chunk) {
+    const index_t c1 = std::min(p.n, c0 + chunk), c = c1 - c0;
+    auto o = p.o.view().row_range(c0, c1);
+    auto lse = p.lse.view().row_range(c0, c1);
+    be.fill(o, T(0));
+    be.fill(lse, -std::numeric_limits<T>::infinity());
+    for (auto [b0, b1] : blocks) {
+      if (b0 >= c1) continue;  // causal: no query of the chunk sees the block
+      b1 = std::min(b1, c1);
+      attention_mask m = p.mask;
+      m.q0 = c0;
+      m.k0 = b0;
+      m.key_end = c1;
+      padded<T> ob(c, hq), lb(c, p.shape.heads);
+      be.attention_forward(p.shape, p.q.cview().row_range(c0, c1), p.k.cview().row_range(b0, b1),
+                           p.v.cview().row_range(b0, b1), m, p.scale(), ob.view(), lb.view());
+      for (index_t i = 0; i < c; ++i)  // a row with no key in the block contributes nothing
+        for (index_t h = 0; h < p.shape.heads; ++h) {
+          const auto [lo, hi] = m.key_rows(c0 + i, b1 - b0);
+          if (lo < hi) continue;
+          CHECK(lb.at(i, h) == -std::numeric_limits<T>::infinity());
+          for (index_t x = 0; x < p.shape.head_dim; ++x)
+            CHECK(ob.at(i, h * p.shape.head_dim + x) == 0);
+        }
+      merge_attention_blocks(p.shape.heads, p.shape.head_dim, o, lse,
+                             matrix_view<const T>(ob.view()), matrix_view<const T>(lb.view()));
+    }
+  }
+  for (index_t c0 = 0; c0 < p.n; c0 += chunk) {
+    const index_t c1 = std::min(p.n, c0 + chunk);
+    for (auto [b0, b1] : blocks) {
+      if (b0 >= c1) continue;
+      b1 = std::min(b1, c1);
+      attention_mask m = p.mask;
+      m.q0 = c0;
+      m.k0 = b0;
+      m.key_end = c1;
+      be.attention_backward(p.shape, p.q.cview().row_range(c0, c1), p.k.cview().row_range(b0, b1),
+                            p.v.cview().row_range(b0, b1), p.o.cview().row_range(c0, c1),
+                            p.d_o.cview().row_range(c0, c1), p.lse.cview().row_range(c0, c1), m,
+                            p.scale(), p.dq.view().row_range(c0, c1), p.dk.view().row_range(b0, b1),
+                            p.dv.view().row_range(b0, b1));
+    }
+  }
+}
+
+TEST_CASE("attention over key blocks (k0, key_end) merged by log-sum-exp equals one call") {
+  // reference and eigen (small odd tiles, both backward strategies), double: every mask case
+  // (window, documents, padding, soft-capping), key blocks of uneven sizes (one of a single
+  // key), whole and chunked queries, blocks merged in both orders.
+  std::uint64_t seed = 900;
+  for (const auto& c : kCases) {
+    CAPTURE(c.n);
+    CAPTURE(c.window);
+    CAPTURE(c.softcap);
+    seed += 10;
+    reference_backend<double> ref;
+    problem<double> want(c, seed);
+    want.forward(ref);
+    want.backward(ref);
+    const std::vector<index_t> cuts = {0, 5, 6, c.n / 2 + 1, c.n - 3, c.n};
+    for (const int variant : {0, 1, 2}) {
+      CAPTURE(variant);
+      eigen_backend_options opt;
+      opt.attention_tile_q = 4;
+      opt.attention_tile_k = 3;
+      opt.attention_backward = variant == 1 ? attention_backward_strategy::two_pass
+                                            : attention_backward_strategy::thread_partials;
+      eigen_backend<double> eig(opt);
+      for (index_t chunk : {index_t{7}, c.n}) {
+        for (bool last_first : {false, true}) {
+          CAPTURE(chunk);
+          CAPTURE(last_first);
+          problem<double> got(c, seed);
+          if (variant == 2)
+            run_key_blocks(ref, got, chunk, cuts, last_first);
+          else
+            run_key_blocks(eig, got, chunk, cuts, last_first);
+          CHECK(rel_diff(got.o, want.o) < 1e-12);
+          CHECK(rel_diff(got.lse, want.lse) < 1e-12);
+          CHECK(rel_diff(got.dq, want.dq) < 1e-12);
+          CHECK(rel_diff(got.dk, want.dk) < 1e-12);
+          CHECK(rel_diff(got.dv, want.dv) < 1e-12);
+          CHECK(got.dk.padding_intact());
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("merge_attention_blocks: -inf sides contribute nothing, the order does not matter") {
+  // one row, two heads of width 2: head 0 sees both blocks, head 1 only block b
+  std::vector<double> o = {0, 0, 0, 0}, lse = {-INFINITY, -INFINITY};
+  const std::vector<double> oa = {1, 2, 0, 0}, la = {0.5, -INFINITY};
+  const std::vector<double> ob = {3, -1, 5, 6}, lb = {1.5, 0.25};
+  auto mv = [](std::vector<double>& v, index_t cols) {
+    return as_matrix(std::span<double>(v), 1, cols);
+  };
+  auto cmv = [](const std::vector<double>& v, index_t cols) {
+    return as_matrix(std::span<const double>(v), 1, cols);
+  };
+  merge_attention_blocks<double>(2, 2, mv(o, 4), mv(lse, 2), cmv(oa, 4), cmv(la, 2));
+  merge_attention_blocks<double>(2, 2, mv(o, 4), mv(lse, 2), cmv(ob, 4), cmv(lb, 2));
+  const double l0 = std::log(std::exp(0.5) + std::exp(1.5));
+  const double wa = std::exp(0.5 - l0), wb = std::exp(1.5 - l0);
+  CHECK(lse[0] == doctest::Approx(l0).epsilon(1e-15));
+  CHECK(o[0] == doctest::Approx(wa * 1 + wb * 3).epsilon(1e-15));
+  CHECK(o[1] == doctest::Approx(wa * 2 - wb * 1).epsilon(1e-15));
+  CHECK(lse[1] == 0.25);  // head 1: block b alone, copied
+  CHECK(o[2] == 5);
+  CHECK(o[3] == 6);
+}
+
 TEST_CASE("eigen attention backward under a mask matches finite differences (double)") {
   const mask_case cases[] = {{4, 2, 3, 11, 3, {}, 0},
                              {2, 1, 4, 10, 0, {4, 1, 5}, 0},

@@ -36,6 +36,7 @@
 #include <cmath>
 #include <concepts>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <utility>
 
@@ -63,11 +64,15 @@ struct attention_shape {
   index_t head_dim = 1;
 };
 
-/// Which keys each query row of an attention call sees. Q row i is position q0 + i; K/V rows are
-/// positions [0, K.rows). Query p attends keys j in [first_key(p), min(p, valid_len - 1)] that
-/// exist (j < K.rows). A query row with no such key (a padded row past its window or document,
-/// or p >= K.rows beyond it) attends the last key it may see, min(p, valid_len - 1, K.rows - 1),
-/// so that every row is well defined. first_key is non-decreasing in p, so a tile of queries
+/// Which keys each query row of an attention call sees. Q row i is position q0 + i; K/V row j is
+/// position k0 + j. The call covers keys [0, nk) with nk = key_end, or k0 + K.rows when key_end
+/// is 0. Query p attends keys j in [first_key(p), min(p, valid_len - 1)] with j < nk. A query
+/// row with no such key (a padded row past its window or document, or p >= nk beyond it)
+/// attends the last key it may see, min(p, valid_len - 1, nk - 1), so that every row of the
+/// whole call is well defined. A call with k0 > 0 or key_end > k0 + K.rows is one key block of
+/// the whole call (sequence parallelism): it sees the keys of the whole call's rule inside
+/// [k0, k0 + K.rows), and a row with none there gets O = 0 and lse = -inf (it contributes
+/// nothing to merge_attention_blocks). first_key is non-decreasing in p, so a tile of queries
 /// [a, b) needs keys [first_key(a), b) only: the kernels skip every tile outside.
 struct attention_mask {
   index_t q0 = 0;
@@ -80,6 +85,8 @@ struct attention_mask {
   /// 0: none; cap > 0: scores s = scale q.k become cap tanh(s / cap) before the softmax, and
   /// lse is over the capped scores.
   double softcap = 0;
+  index_t k0 = 0;       ///< position of K/V row 0 (a key block of a longer call)
+  index_t key_end = 0;  ///< 0: k0 + K.rows; else the key count nk of the whole call
 
   /// max(0, p - W + 1, doc_start[p]): the first key query p may see.
   index_t first_key(index_t p) const {
@@ -94,7 +101,59 @@ struct attention_mask {
   index_t begin_key(index_t p, index_t nk) const { return std::min(first_key(p), last_key(p, nk)); }
   /// Whether any query sees fewer keys than plain causal attention would give it.
   bool restricted() const { return window > 0 || !doc_start.empty(); }
+  /// The key count of the whole call given this call's nk K/V rows.
+  index_t keys_of(index_t nk) const { return key_end > 0 ? key_end : k0 + nk; }
+  /// Whether this call is one key block of a longer call (rows may see no key: lse = -inf).
+  bool is_block(index_t nk) const { return k0 > 0 || keys_of(nk) > k0 + nk; }
+  /// The K/V rows [lo, hi) (local, 0 <= lo <= hi <= nk) query p attends among this call's nk
+  /// rows: the whole call's keys of p inside [k0, k0 + nk). Both bounds non-decreasing in p.
+  std::pair<index_t, index_t> key_rows(index_t p, index_t nk) const {
+    const index_t all = keys_of(nk);
+    const index_t first = begin_key(p, all), stop = last_key(p, all) + 1;  // positions
+    return {std::clamp(first, k0, k0 + nk) - k0, std::clamp(stop, k0, k0 + nk) - k0};
+  }
 };
+
+/// Merges the partial attention of one key block into a running result (sequence parallelism:
+/// the keys of a call split into disjoint blocks, each attended separately, log-sum-exp merged):
+/// for each row i and head h, with l = lse(i, h) and lb = lse_b(i, h),
+///   lse' = log(exp(l) + exp(lb)), O' = exp(l - lse') O + exp(lb - lse') O_b.
+/// A side with lse = -inf (no key in its blocks) contributes nothing; both -inf stays -inf, O 0.
+/// o, o_b (n, heads*hd) and lse, lse_b (n, heads) of one type; o and lse are updated in place.
+template <class T>
+void merge_attention_blocks(index_t heads, index_t hd, matrix_view<T> o, matrix_view<T> lse,
+                            matrix_view<const T> o_b, matrix_view<const T> lse_b) {
+  for (index_t i = 0; i < o.rows; ++i)
+    for (index_t h = 0; h < heads; ++h) {
+      const double l = static_cast<double>(lse(i, h)), lb = static_cast<double>(lse_b(i, h));
+      constexpr double none = -std::numeric_limits<double>::infinity();
+      if (lb == none) continue;
+      T* oi = o.row(i) + h * hd;
+      const T* bi = o_b.row(i) + h * hd;
+      if (l == none) {  // the running result has no key yet: take the block's
+        std::copy_n(bi, hd, oi);
+        lse(i, h) = lse_b(i, h);
+        continue;
+      }
+      const double m = std::max(l, lb);
+      const double ea = std::exp(l - m), eb = std::exp(lb - m), sum = ea + eb;
+      const double wa = ea / sum, wb = eb / sum;
+      for (index_t c = 0; c < hd; ++c)
+        oi[c] = static_cast<T>(wa * static_cast<double>(oi[c]) + wb * static_cast<double>(bi[c]));
+      lse(i, h) = static_cast<T>(m + std::log(sum));
+    }
+}
+
+/// merge_attention_blocks through a backend: its own attention_merge when it has one (memory
+/// the host cannot read: cuda_backend; meta_backend does nothing), the host function otherwise.
+template <class B, class T>
+void attention_merge(B& be, index_t heads, index_t hd, matrix_view<T> o, matrix_view<T> lse,
+                     matrix_view<const T> o_b, matrix_view<const T> lse_b) {
+  if constexpr (requires { be.attention_merge(heads, hd, o, lse, o_b, lse_b); })
+    be.attention_merge(heads, hd, o, lse, o_b, lse_b);
+  else
+    merge_attention_blocks(heads, hd, o, lse, o_b, lse_b);
+}
 
 /// Where RoPE rotates each row: row i of x is at position pos0 + i, or positions[i] (packed
 /// sequences: positions restart at each document). Frequency k < head_dim / 2 is inv_freq[k], or

@@ -407,6 +407,9 @@ requires(std::is_same_v<Storage, float> ||
       lse_f = lse.data;
       lss = lse.stride;
     } else {
+      // the recomputed lse would be this key block's, not the whole call's
+      check(!mask.is_block(k.rows), "cuda_backend::attention_backward: a key block (k0 ", mask.k0,
+            ", key_end ", mask.key_end, ") needs float storage (bf16 recomputes lse)");
       lse_scratch = allocate<float>(q.rows * shape.heads);
       const std::size_t smem = ck::attn_forward_smem(hd);
       auto kernel = ck::attn_forward_kernel<S, float, true>;
@@ -422,7 +425,8 @@ requires(std::is_same_v<Storage, float> ||
     ck::attn_dot_kernel<S><<<grid(q.rows), 128, 0, ctx_.stream()>>>(a, o.data, o.stride, dout.data,
                                                                     dout.stride, dvec.data());
     launched("attention_backward (D)");
-    const index_t kmax = a.kmax;
+    const index_t kmax = ck::attn_local_keys(a);
+    if (kmax == 0) return;  // no key of this block is visible to any query
     const dim3 gk(static_cast<unsigned>((kmax + ck::attn_bc - 1) / ck::attn_bc),
                   static_cast<unsigned>(shape.kv_heads));
     const std::size_t smem_kv = ck::attn_dkdv_smem(hd);
@@ -452,6 +456,18 @@ requires(std::is_same_v<Storage, float> ||
         a, q.data, q.stride, k.data, k.stride, v.data, v.stride, dout.data, dout.stride, lse_f, lss,
         dvec.data(), dq.data, dq.stride);
     launched("attention_backward (dQ)");
+  }
+
+  /// merge_attention_blocks (backend/concept.hpp) on the device.
+  void attention_merge(index_t heads, index_t hd, matrix_view<S> o, matrix_view<S> lse,
+                       matrix_view<const S> o_b, matrix_view<const S> lse_b) {
+    if (o.rows == 0) return;
+    ctx_.ensure();
+    detail::cuda_k::attn_merge_kernel<S>
+        <<<elementwise_grid(o.rows * heads), 256, 0, ctx_.stream()>>>(
+            o.rows, heads, hd, o.data, o.stride, lse.data, lse.stride, o_b.data, o_b.stride,
+            lse_b.data, lse_b.stride);
+    launched("attention_merge");
   }
 
   // ---- cross-entropy ------------------------------------------------------------------------
@@ -552,8 +568,10 @@ requires(std::is_same_v<Storage, float> ||
                                              const attention_mask& m, const index_t* doc, F scale) {
     detail::cuda_k::attn_args a;
     a.nq = nq;
-    a.kmax = std::min(nk, m.valid_len);
+    a.kmax = std::min(m.keys_of(nk), m.valid_len);
     a.q0 = m.q0;
+    a.k0 = m.k0;
+    a.nk = nk;
     a.window = m.window;
     a.doc = doc;
     a.heads = s.heads;
@@ -568,8 +586,10 @@ requires(std::is_same_v<Storage, float> ||
   static double visible_triples(const attention_shape& s, index_t nq, index_t nk,
                                 const attention_mask& m) {
     double t = 0;
-    for (index_t i = 0; i < nq; ++i)
-      t += static_cast<double>(m.last_key(m.q0 + i, nk) - m.begin_key(m.q0 + i, nk) + 1);
+    for (index_t i = 0; i < nq; ++i) {
+      const auto [lo, hi] = m.key_rows(m.q0 + i, nk);
+      t += static_cast<double>(hi - lo);
+    }
     return t * static_cast<double>(s.heads);
   }
 

@@ -73,6 +73,8 @@ class meta_backend {
                           matrix_view<const T>, matrix_view<const T>, matrix_view<const T>,
                           matrix_view<const T>, const attention_mask&, T, matrix_view<T>,
                           matrix_view<T>, matrix_view<T>) {}
+  void attention_merge(index_t, index_t, matrix_view<T>, matrix_view<T>, matrix_view<const T>,
+                       matrix_view<const T>) {}
   void xent_forward(matrix_view<const T>, std::span<const token_id>, T, std::span<T>,
                     std::span<T>) {}
   void xent_backward(matrix_view<T>, std::span<const token_id>, std::span<const T>,

@@ -270,12 +270,12 @@ class reference_backend : public detail::host_storage<T> {
   // ---- attention ----------------------------------------------------------------------------
 
   /// Causal grouped-query attention of one sequence. Q (nq, heads*hd) holds positions
-  /// q0..q0+nq-1; K, V (nk, kv_heads*hd) hold positions 0..nk-1. Query at position p, head h
-  /// attends keys j in [mask.begin_key(p, nk), mask.last_key(p, nk)] (causal, window, document,
-  /// valid_len) through kv head h / (heads / kv_heads):
+  /// q0..q0+nq-1; K, V (nk, kv_heads*hd) hold positions k0..k0+nk-1. Query at position p, head
+  /// h attends the K/V rows mask.key_rows(p, nk) (causal, window, document, valid_len, the
+  /// key block) through kv head h / (heads / kv_heads):
   /// s_j = scale * q.k_j (soft-capped to cap tanh(s_j / cap) when mask.softcap = cap > 0),
-  /// O row = softmax(s) V, lse(i, h) = log sum_j exp(s_j).
-  /// O (nq, heads*hd), lse (nq, heads) are overwritten.
+  /// O row = softmax(s) V, lse(i, h) = log sum_j exp(s_j) (a row with no key in a key block:
+  /// O = 0, lse = -inf). O (nq, heads*hd), lse (nq, heads) are overwritten.
   void attention_forward(const attention_shape& shape, matrix_view<const T> q,
                          matrix_view<const T> k, matrix_view<const T> v, const attention_mask& mask,
                          T scale, matrix_view<T> o, matrix_view<T> lse) {
@@ -286,8 +286,7 @@ class reference_backend : public detail::host_storage<T> {
     std::vector<double> acc(static_cast<std::size_t>(hd));    // (hd) output row of one head
     double triples = 0;
     for (index_t i = 0; i < q.rows; ++i) {
-      const index_t lo = mask.begin_key(mask.q0 + i, k.rows);
-      const index_t limit = mask.last_key(mask.q0 + i, k.rows) + 1;
+      const auto [lo, limit] = mask.key_rows(mask.q0 + i, k.rows);
       for (index_t h = 0; h < shape.heads; ++h) {
         const index_t qc = h * hd, kc = (h / group) * hd;  // column offsets in Q and K/V
         double mx = -std::numeric_limits<double>::infinity();
@@ -332,8 +331,7 @@ class reference_backend : public detail::host_storage<T> {
     std::vector<double> acc(static_cast<std::size_t>(hd));  // (hd) dQ row of one head
     double triples = 0;
     for (index_t i = 0; i < q.rows; ++i) {
-      const index_t lo = mask.begin_key(mask.q0 + i, k.rows);
-      const index_t limit = mask.last_key(mask.q0 + i, k.rows) + 1;
+      const auto [lo, limit] = mask.key_rows(mask.q0 + i, k.rows);
       for (index_t h = 0; h < shape.heads; ++h) {
         const index_t qc = h * hd, kc = (h / group) * hd;
         const T* qi = q.row(i) + qc;

@@ -13,6 +13,8 @@
 //  - all_gather(in (n), out (N*n)): out[r*n .. (r+1)*n) = rank r's in.
 //  - reduce_scatter_sum(in (N*n), out (n)): out = sum over ranks of in[rank*n .. (rank+1)*n).
 //  - broadcast(x, root):          x <- root's x.
+//  - ring_shift(in (n), out (n)):  out = rank (r - 1 + N) % N's in (every rank sends its in to
+//                                 rank r + 1 at the same time: the ring of sequence parallelism).
 //  - barrier().
 // stats() counts calls and the bytes this rank handed to the transport (a rank's payload, not
 // the wire traffic of the algorithm the transport picks).
@@ -30,11 +32,13 @@ struct comm_stats {
   std::int64_t all_gather_calls = 0;
   std::int64_t reduce_scatter_calls = 0;
   std::int64_t broadcast_calls = 0;
+  std::int64_t ring_shift_calls = 0;
   std::int64_t barrier_calls = 0;
   std::int64_t bytes = 0;  ///< payload bytes passed to collectives by this rank
   void reset() { *this = comm_stats{}; }
   std::int64_t messages() const {
-    return all_reduce_calls + all_gather_calls + reduce_scatter_calls + broadcast_calls;
+    return all_reduce_calls + all_gather_calls + reduce_scatter_calls + broadcast_calls +
+           ring_shift_calls;
   }
 };
 
@@ -53,6 +57,7 @@ concept communicates = requires(C& c, std::span<T> x, std::span<const T> cx, int
   c.all_gather(cx, x);
   c.reduce_scatter_sum(cx, x);
   c.broadcast(x, root);
+  c.ring_shift(cx, x);
 };
 }  // namespace detail
 

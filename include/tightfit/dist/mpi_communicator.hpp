@@ -216,6 +216,20 @@ class mpi_communicator {
                       "MPI_Bcast");
   }
 
+  /// out <- rank r - 1's in while in goes to rank r + 1 (MPI_Sendrecv, one message each way).
+  template <class T>
+  void ring_shift(std::span<const T> in, std::span<T> out) {
+    check(in.size() == out.size(), "ring_shift: out has ", out.size(), " values, expected ",
+          in.size());
+    ++stats_.ring_shift_calls;
+    stats_.bytes += static_cast<std::int64_t>(in.size_bytes());
+    const int n = detail::mpi_count(in.size(), "ring_shift");
+    const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
+    detail::mpi_check(MPI_Sendrecv(in.data(), n, detail::mpi_type<T>(), next, 0, out.data(), n,
+                                   detail::mpi_type<T>(), prev, 0, comm_, MPI_STATUS_IGNORE),
+                      "MPI_Sendrecv (ring_shift)");
+  }
+
   void barrier() {
     ++stats_.barrier_calls;
     detail::mpi_check(MPI_Barrier(comm_), "MPI_Barrier");

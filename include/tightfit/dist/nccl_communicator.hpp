@@ -201,6 +201,25 @@ class nccl_communicator {
         "ncclBroadcast");
   }
 
+  /// out <- rank r - 1's in while in goes to rank r + 1 (ncclSend + ncclRecv in one group,
+  /// stream-ordered).
+  template <class T>
+  void ring_shift(std::span<const T> in, std::span<T> out) {
+    check(in.size() == out.size(), "nccl_communicator::ring_shift: out.size is ", out.size(),
+          ", expected ", in.size());
+    ++stats_.ring_shift_calls;
+    stats_.bytes += static_cast<std::int64_t>(in.size_bytes());
+    const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
+    detail::nccl_check(ncclGroupStart(), "ncclGroupStart (ring_shift)");
+    const ncclResult_t s =
+        ncclSend(in.data(), in.size(), detail::nccl_type<T>(), next, comm_, stream_);
+    const ncclResult_t r =
+        ncclRecv(out.data(), out.size(), detail::nccl_type<T>(), prev, comm_, stream_);
+    detail::nccl_check(ncclGroupEnd(), "ncclGroupEnd (ring_shift)");
+    detail::nccl_check(s, "ncclSend (ring_shift)");
+    detail::nccl_check(r, "ncclRecv (ring_shift)");
+  }
+
   /// Every rank reaches this point: a one-value all-reduce, then the stream is synchronised.
   void barrier() {
     ++stats_.barrier_calls;

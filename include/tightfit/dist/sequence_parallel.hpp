@@ -4,12 +4,19 @@
 // inputs, runs the LM head and the objective on its own rows, and the ranks together compute
 // the gradient one process computes on the whole batch (docs/distributed.md).
 //
-// Per layer (a SequenceParallelLayer):
-//  forward   own K/V rows, all-gather of K/V (the keys of earlier positions reach every rank),
-//            own queries `chunk` positions at a time against the global key prefix;
-//  backward  K/V again (all-gather), own chunks last to first accumulating dK/dV over the whole
-//            prefix, reduce-scatter of dK/dV to their owners, then the K/V projections'
-//            backward of the own rows; the layer's parameter gradients are all-reduced once,
+// Per layer (a SequenceParallelLayer), over a K/V ring (Ring Attention, Liu et al. 2023,
+// arXiv 2310.01889): no rank holds the whole sequence's K/V or dK/dV. Every rank holds its
+// own K/V block plus the one passing through; N rounds, each attending the own queries to the
+// held block (attention_mask::k0) and merging by log-sum-exp, then every rank sends its block
+// to rank + 1 and receives rank - 1's (Communicator::ring_shift).
+//  forward   the ring (N - 1 shifts of K and of V), then the rest of the layer `chunk`
+//            positions at a time;
+//  backward  the ring again for the attention output and lse, the own chunks last to first
+//            down to the attention output's gradient (kept), then the attention backward over
+//            the ring: K, V and the block's dK/dV partials travel together and the last shift
+//            brings each rank its own rows' sums; the Q projections' backward of each round
+//            and the K/V projections' of the own rows go into dx and the weights'
+//            gradients; the layer's parameter gradients are all-reduced once,
 //            in place and without blocking, while the next layer runs (once per group: the
 //            head, each layer, the embedding; one message per parameter).
 // RoPE, masks and padding use the global positions. The objective is the one a single process
@@ -20,9 +27,10 @@
 // per-sequence sums are complete on every rank, and sums the loss over the ranks.
 //
 // Exactness: in double, the gradients equal compute_gradients' on the whole batch to rounding
-// (tested to 1e-12 relative, SFT, GRPO, DPO, T not divisible by N, right padding). Memory per
-// rank: the layer inputs and dy of Tl = T/N positions, plus the gathered K/V and the dK/dV
-// accumulators of the whole prefix (O(T) per layer; a ring would hold 2/N of it).
+// (tested to 1e-12 relative, SFT, GRPO, DPO, T not divisible by N, right padding, sliding
+// windows). Memory per rank: the layer inputs and dy of Tl = T/N positions, the attention
+// output, its gradient and lse of the own rows, and two K/V blocks (four with dK/dV) plus one
+// staging block: all O(T/N).
 // Parameter gradients ACCUMULATE, and the all-reduce sums whole gradient buffers: zero them
 // before the call (as data_parallel_gradients).
 #pragma once
@@ -53,9 +61,10 @@ struct sequence_parallel_options {
 
 /// What one sequence_parallel_gradients call did on this rank.
 struct sequence_parallel_stats {
-  index_t local_positions = 0;         ///< Tl: positions this rank owns
-  std::int64_t kv_gathers = 0;         ///< all-gathers of K/V (2 per layer backpropagated)
-  std::int64_t kv_reductions = 0;      ///< reduce-scatters of dK/dV (1 per layer)
+  index_t local_positions = 0;  ///< Tl: positions this rank owns
+  /// Ring shifts of K, V, dK, dV blocks: per layer 2 (N - 1) in the forward, 2 (N - 1) for
+  /// the backward's attention output, 2 (N - 1) + 2 N with the dK/dV partials (none for N = 1).
+  std::int64_t kv_shifts = 0;
   std::int64_t gradient_groups = 0;    ///< gradient groups reduced (L + 2 at most)
   std::int64_t gradient_messages = 0;  ///< their all-reduces: one per parameter, in place
   std::int64_t other_messages = 0;     ///< agreement, log-probs (two-pass), loss
@@ -143,7 +152,7 @@ sequence_parallel_gradients(M& model, const token_batch& batch, O& objective,
   const auto start = clock::now();
   B& be = model.backend();
   const model_config& cfg = model.config();
-  const index_t nl = cfg.num_hidden_layers, d = cfg.hidden_size, kvw = cfg.kv_width();
+  const index_t nl = cfg.num_hidden_layers, d = cfg.hidden_size;
   sequence_parallel_stats local_stats;
   sequence_parallel_stats& st = stats ? *stats : local_stats;
   st = sequence_parallel_stats{};
@@ -217,57 +226,20 @@ sequence_parallel_gradients(M& model, const token_batch& batch, O& objective,
   const index_t chunk = opt.sched == backward_schedule::stream ? std::min(opt.chunk, t) : t;
   result.chunk = chunk;
 
-  // K/V exchange: every rank's rows packed (2, B*tmax, Hkv*hd), all-gathered, unpacked.
-  const index_t part = 2 * nb * tmax * kvw;  // values per rank of a K/V (or dK/dV) message
-  auto pack = [&](const sequence_shard& s, std::span<T> k, std::span<T> v, std::span<T> out) {
-    const index_t n = nb * s.local_len();
-    gather_shard_rows(be, nb, s, matrix_view<const T>(as_matrix(k, nb * t, kvw)),
-                      as_matrix(out.subspan(0, static_cast<std::size_t>(n * kvw)), n, kvw));
-    gather_shard_rows(be, nb, s, matrix_view<const T>(as_matrix(v, nb * t, kvw)),
-                      as_matrix(out.subspan(static_cast<std::size_t>(nb * tmax * kvw),
-                                            static_cast<std::size_t>(n * kvw)),
-                                n, kvw));
-  };
-  auto unpack = [&](const sequence_shard& s, std::span<T> in, std::span<T> k, std::span<T> v) {
-    const index_t n = nb * s.local_len();
-    scatter_shard_rows(
-        be, nb, s,
-        matrix_view<const T>(as_matrix(in.subspan(0, static_cast<std::size_t>(n * kvw)), n, kvw)),
-        as_matrix(k, nb * t, kvw));
-    scatter_shard_rows(
-        be, nb, s,
-        matrix_view<const T>(as_matrix(in.subspan(static_cast<std::size_t>(nb * tmax * kvw),
-                                                  static_cast<std::size_t>(n * kvw)),
-                                       n, kvw)),
-        as_matrix(v, nb * t, kvw));
-  };
-  const kv_exchange<T> exchange = [&](std::span<T> k, std::span<T> v) {
-    buffer_t<B> all = be.template allocate<T>(ranks * part);  // (N, 2, B*tmax, Hkv*hd)
-    {
-      buffer_t<B> own = be.template allocate<T>(part);  // (2, B*tmax, Hkv*hd)
-      pack(mine, k, v, own.span());
-      comm.all_gather(std::span<const T>(own.span()), all.span());
-    }
-    ++st.kv_gathers;
-    for (int r = 0; r < ranks; ++r)
-      if (r != comm.rank())
-        unpack(
-            shards[static_cast<std::size_t>(r)],
-            all.span().subspan(static_cast<std::size_t>(r * part), static_cast<std::size_t>(part)),
-            k, v);
-  };
-  const kv_exchange<T> reduce = [&](std::span<T> dk, std::span<T> dv) {
-    buffer_t<B> own = be.template allocate<T>(part);  // (2, B*tmax, Hkv*hd) summed own rows
-    {
-      buffer_t<B> all = be.template allocate<T>(ranks * part);  // (N, 2, B*tmax, Hkv*hd)
-      for (int r = 0; r < ranks; ++r)
-        pack(
-            shards[static_cast<std::size_t>(r)], dk, dv,
-            all.span().subspan(static_cast<std::size_t>(r * part), static_cast<std::size_t>(part)));
-      comm.reduce_scatter_sum(std::span<const T>(all.span()), own.span());
-    }
-    ++st.kv_reductions;
-    unpack(mine, own.span(), dk, dv);
+  // The K/V ring: a block travels as (B*tmax, Hkv*hd) rows; a shift sends the buffer to rank
+  // + 1 and receives rank - 1's into it, through a staging copy of the outgoing values (one
+  // block: the only transient the ring adds).
+  kv_ring<T> ring;
+  ring.rank = comm.rank();
+  ring.shards = shards;
+  ring.max_local = tmax;
+  ring.shift = [&](std::span<T> buf) {
+    buffer_t<B> out = be.template allocate<T>(static_cast<index_t>(buf.size()));  // staging
+    be.copy(matrix_view<const T>(
+                as_matrix(std::span<const T>(buf), 1, static_cast<index_t>(buf.size()))),
+            as_matrix(out.span(), 1, static_cast<index_t>(buf.size())));
+    comm.ring_shift(std::span<const T>(out.span()), buf);
+    ++st.kv_shifts;
   };
 
   // Forward over the shard: input l of layer l kept (B*Tl, d), input nl the final hidden state.
@@ -280,7 +252,7 @@ sequence_parallel_gradients(M& model, const token_batch& batch, O& objective,
   for (index_t l = 0; l < nl; ++l) {
     input(l + 1) = be.template allocate<T>(rows * d);  // (B*Tl, d)
     model.layer(l).forward_shard(be, seq, mine, matrix_view<const T>(input(l).view(rows, d)),
-                                 input(l + 1).view(rows, d), chunk, exchange);
+                                 input(l + 1).view(rows, d), chunk, ring);
     if (l < lowest) input(l).reset();
   }
   result.forward_seconds = std::chrono::duration<double>(clock::now() - start).count();
@@ -352,7 +324,7 @@ sequence_parallel_gradients(M& model, const token_batch& batch, O& objective,
     auto& layer = model.layer(l);
     const layer_grad_mode mode{needs(l), l > lowest || opt.embedding_grad};
     auto x = matrix_view<const T>(input(l).view(rows, d));
-    layer.begin_backward_shard(be, seq, mine, x, chunk, mode, exchange);
+    layer.begin_backward_shard(be, seq, mine, x, chunk, mode, ring);
     std::vector<std::pair<index_t, index_t>> chunks;
     for (const auto& k : mine.blocks)
       for (index_t c0 = k.p0; c0 < k.p1; c0 += chunk)
@@ -361,7 +333,7 @@ sequence_parallel_gradients(M& model, const token_batch& batch, O& objective,
       layer.backward_chunk(be, seq, x, matrix_view<const T>(dy.view(rows, d)), it->first,
                            it->second, mode.input_grad ? dy.view(rows, d) : matrix_view<T>{}, mode);
     layer.end_backward_shard(be, seq, x, mode.input_grad ? dy.view(rows, d) : matrix_view<T>{},
-                             mode, reduce);
+                             mode, ring);
     input(l).reset();
     if (mode.weight_grads) grads_final({grads_ready::kind::layer, l});
   }
@@ -380,8 +352,8 @@ sequence_parallel_gradients(M& model, const token_batch& batch, O& objective,
   result.seconds = std::chrono::duration<double>(clock::now() - start).count();
   const comm_stats& after = comm.stats();
   st.bytes = after.bytes - comm_before.bytes;
-  st.other_messages = after.messages() - comm_before.messages() - st.kv_gathers - st.kv_reductions -
-                      st.gradient_messages;
+  st.other_messages =
+      after.messages() - comm_before.messages() - st.kv_shifts - st.gradient_messages;
   st.attention_flops = be.stats().attention_flops - flops_before;
   return result;
 }

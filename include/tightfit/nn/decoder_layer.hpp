@@ -29,13 +29,16 @@
 // gradients of W + s B A, contracted with B and A).
 // Sequence parallelism (SequenceParallelLayer, nn/sequence_shard.hpp): forward_shard,
 // begin_backward_shard and end_backward_shard run the same chunks over a rank's positions (x,
-// dy, dx hold its rows only; K/V, dK/dV, RoPE and masks are global). There the K/V
-// projections' backward of a chunk cannot run when the chunk is done (later ranks' queries add
-// to its dK/dV): it is deferred to end_backward_shard, after the driver's reduce.
+// dy, dx hold its rows only; RoPE and masks are global). Attention runs over the driver's K/V
+// ring, one key block at a time (attention_mask::k0, merged by log-sum-exp): the backward
+// chunks stop at the attention output's gradient, and end_backward_shard runs the attention
+// backward over the ring (dK/dV partials travel with their block), the Q projections' backward
+// of each round and the K/V projections' of the own rows once their dK/dV are home.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -198,6 +201,7 @@ class decoder_layer {
   }
 
   void end_backward(B& /*be*/) {
+    ring_.reset();
     kv_.reset();
     kept_acts_.reset();
     kept_kv_.reset();
@@ -205,63 +209,110 @@ class decoder_layer {
   }
 
   // Sequence parallelism (SequenceParallelLayer, nn/sequence_shard.hpp): x, y, dy, dx hold the
-  // shard's rows only (B*Tl, d); K/V and dK/dV span all B*T rows; positions are global.
+  // shard's rows only (B*Tl, d); K/V blocks travel around the ring; positions are global.
 
-  /// y (B*Tl, d) = layer(x (B*Tl, d)) over the shard's positions: own K/V rows, exchange, then
-  /// the queries `chunk` positions at a time against the global key prefix.
+  /// y (B*Tl, d) = layer(x (B*Tl, d)) over the shard's positions: the own queries' attention
+  /// over the ring's blocks, then the rest of the layer `chunk` positions at a time.
   void forward_shard(B& be, const sequence_batch& seq, const sequence_shard& shard,
                      matrix_view<const T> x, matrix_view<T> y, index_t chunk,
-                     const kv_exchange<T>& exchange) {
+                     const kv_ring<T>& ring) {
     check(chunk >= 1, "decoder_layer::forward_shard: chunk is ", chunk, ", expected >= 1");
     use_shard(seq, shard);
     check_rows("forward_shard", seq, x, y);
     pos_.prepare(seq);
-    kv_state kv(be, cfg_, seq.rows());
+    ring_attention_forward(be, seq, x, chunk, ring);
     for_each_shard_chunk(chunk, false, [&](index_t c0, index_t c1) {
       chunk_acts a = make_acts(be, seq, x, c0, c1);
-      project_kv(be, seq, a, c0, c1, kv);
-    });
-    exchange(kv.k.span(), kv.v.span());
-    for_each_shard_chunk(chunk, false, [&](index_t c0, index_t c1) {
-      chunk_acts a = make_acts(be, seq, x, c0, c1);
-      forward_chunk(be, seq, a, kv, c0, c1);
+      forward_chunk(be, seq, a, kv_state{}, c0, c1);  // attention: the ring's merged rows
       write_output(be, seq, a, c0, c1, y);
     });
+    ring_.reset();
     shard_.reset();
   }
 
-  /// Backward state over a shard: own K/V rows, exchange, zeroed dK/dV over all B*T rows.
-  /// backward_chunk then takes global chunks inside the shard's blocks, last to first.
+  /// Backward state over a shard: the own rows' attention output and lse over the ring.
+  /// backward_chunk then takes global chunks inside the shard's blocks, last to first, and
+  /// keeps each chunk's attention output gradient.
   void begin_backward_shard(B& be, const sequence_batch& seq, const sequence_shard& shard,
                             matrix_view<const T> x, index_t chunk, layer_grad_mode /*mode*/,
-                            const kv_exchange<T>& exchange) {
+                            const kv_ring<T>& ring) {
     use_shard(seq, shard);
     check_extent("decoder_layer::begin_backward_shard", "x.rows", x.rows, local_rows(seq));
     pos_.prepare(seq);
     kept_acts_.reset();
     kept_kv_.reset();
     shard_chunk_ = std::max<index_t>(1, chunk);
-    kv_.emplace(be, cfg_, seq.rows());
-    for_each_shard_chunk(shard_chunk_, false, [&](index_t c0, index_t c1) {
-      chunk_acts a = make_acts(be, seq, x, c0, c1);
-      project_kv(be, seq, a, c0, c1, *kv_);
-    });
-    exchange(kv_->k.span(), kv_->v.span());
-    kv_->allocate_grads(be, cfg_, seq.rows());
+    ring_attention_forward(be, seq, x, shard_chunk_, ring);
+    ring_->d_o = be.template allocate<T>(local_rows(seq) * cfg_.q_width());  // (B*Tl, H*hd)
+    kv_.emplace();  // no K/V of its own: backward_chunk reads the ring's rows
   }
 
-  /// After the shard's chunks: frees K/V, calls reduce (own dK/dV rows become the sums over
-  /// the ranks), backpropagates the K/V projections of the own rows into dx (B*Tl, d) and the
-  /// weights' gradients, and frees the state.
+  /// After the shard's chunks: the attention backward over the ring (K/V and the dK/dV
+  /// partials of each block travel together; the last shift brings every rank its own rows'
+  /// sums), the Q projections' backward of every round and the K/V projections' of the own
+  /// rows into dx (B*Tl, d) and the weights' gradients; frees the state.
   void end_backward_shard(B& be, const sequence_batch& seq, matrix_view<const T> x,
-                          matrix_view<T> dx, layer_grad_mode mode, const kv_exchange<T>& reduce) {
-    check(kv_.has_value() && shard_.has_value(),
+                          matrix_view<T> dx, layer_grad_mode mode, const kv_ring<T>& ring) {
+    check(kv_.has_value() && shard_.has_value() && ring_.has_value(),
           "decoder_layer::end_backward_shard: begin_backward_shard was not called");
     if (mode.input_grad) check_rows("end_backward_shard", seq, x, dx);
-    kv_->k.reset();
-    kv_->v.reset();
-    reduce(kv_->dk.span(), kv_->dv.span());
-    const index_t d = cfg_.hidden_size, kvw = cfg_.kv_width();
+    const index_t d = cfg_.hidden_size, kvw = cfg_.kv_width(), qw = cfg_.q_width();
+    const index_t h = cfg_.num_attention_heads, rows = local_rows(seq);
+    const index_t travel = seq.batch * ring.max_local;
+    kv_state kv = ring_kv(be, seq, x, travel);
+    kv.dk = be.template allocate<T>(travel * kvw);  // (B*max_local, Hkv*hd) partials of a block
+    kv.dv = be.template allocate<T>(travel * kvw);  // (B*max_local, Hkv*hd)
+    const int n_ranks = ring.size();
+    const attention_shape shape{h, cfg_.num_key_value_heads, cfg_.head_dim};
+    const auto scale = static_cast<A>(cfg_.attention_scale());
+    for (int round = 0; round < n_ranks; ++round) {
+      const sequence_shard& held = ring.held(round);
+      for_each_shard_chunk(shard_chunk_, true, [&](index_t c0, index_t c1) {
+        if (held.blocks.front().p0 >= c1) return;  // causal: the block is after the chunk
+        chunk_acts a = make_acts(be, seq, x, c0, c1);
+        project_q(be, seq, a, c0, c1);
+        const index_t n = a.n, c = c1 - c0, l0 = local_start(c0, c1), tl = shard_->local_len();
+        buffer dq = be.template allocate<T>(n * qw);  // (n, H*hd) this block's part
+        for_each_block_piece(
+            seq, held, kv, travel, c1,
+            [&](index_t b, index_t p0, auto keys, auto vals, index_t k_r0, index_t k_r1) {
+              const index_t o0 = b * tl + l0;
+              attention_mask m = pos_.mask_of(seq, b, c0);
+              m.k0 = p0;
+              m.key_end = c1;
+              be.attention_backward(
+                  shape, a.q.view(n, qw).row_range(b * c, (b + 1) * c), keys, vals,
+                  matrix_view<const T>(ring_->o.view(rows, qw).row_range(o0, o0 + c)),
+                  matrix_view<const T>(ring_->d_o.view(rows, qw).row_range(o0, o0 + c)),
+                  matrix_view<const T>(ring_->lse.view(rows, h).row_range(o0, o0 + c)), m, scale,
+                  dq.view(n, qw).row_range(b * c, (b + 1) * c),
+                  kv.dk.view(travel, kvw).row_range(k_r0, k_r1),
+                  kv.dv.view(travel, kvw).row_range(k_r0, k_r1));
+            });
+        query_backward(be, seq, a, std::move(dq), c0, c1, dx, mode);
+      });
+      if (n_ranks > 1) {
+        if (round + 1 < n_ranks) {
+          ring.shift(kv.k.span());
+          ring.shift(kv.v.span());
+        }
+        ring.shift(kv.dk.span());  // the partials follow their block, home after N shifts
+        ring.shift(kv.dv.span());
+      }
+    }
+    ring_.reset();
+    kv.k.reset();
+    kv.v.reset();
+    if (cfg_.qk_norm) {  // the k-norm state of the own rows, recomputed
+      kv_state own(be, cfg_, rows);
+      for_each_shard_chunk(shard_chunk_, false, [&](index_t c0, index_t c1) {
+        chunk_acts a = make_acts(be, seq, x, c0, c1);
+        project_kv(be, seq, a, c0, c1, own);
+      });
+      kv.k_raw = std::move(own.k_raw);
+      kv.rstd_k = std::move(own.rstd_k);
+    }
+    kv_ = std::move(kv);  // the own rows' complete dK/dV and k-norm state
     if (mode.weight_grads || mode.input_grad)
       for_each_shard_chunk(shard_chunk_, true, [&](index_t c0, index_t c1) {
         chunk_acts a = make_acts(be, seq, x, c0, c1);
@@ -270,11 +321,7 @@ class decoder_layer {
         buffer dh1 = be.template allocate<T>(n * d);  // (n, d)
         kv_input_backward(be, a.h1.view(n, d), dk.view(n, kvw), dv.view(n, kvw), dh1.view(n, d),
                           mode.weight_grads);
-        buffer dxc = be.template allocate<T>(n * d);  // (n, d) this chunk's dx rows
-        if (mode.input_grad) gather_x(be, seq, c0, c1, matrix_view<const T>(dx), dxc.view(n, d));
-        be.rmsnorm_backward(a.xv, w_.vec(ids_.input_norm), a.rstd1.span(), dh1.view(n, d),
-                            dxc.view(n, d), w_.grad_vec(ids_.input_norm, mode.weight_grads));
-        if (mode.input_grad) scatter_x(be, seq, c0, c1, matrix_view<const T>(dxc.view(n, d)), dx);
+        input_norm_backward(be, seq, a, dh1.view(n, d), c0, c1, dx, mode);
       });
     end_backward(be);
   }
@@ -302,6 +349,129 @@ class decoder_layer {
     buffer up;                // (n, f)
     buffer act;               // (n, f) silu(gate) * up
   };
+
+  /// The own rows' attention over a sequence shard's K/V ring (forward_shard, the backward).
+  struct ring_state {
+    buffer o;    // (B*Tl, H*hd) attention output, merged over the ring's blocks
+    buffer lse;  // (B*Tl, H)
+    buffer d_o;  // (B*Tl, H*hd) its gradient (backward_chunk, then end_backward_shard)
+  };
+
+  /// K/V of the own rows in the ring's block layout: k, v (B*max_local, Hkv*hd) whose first
+  /// B*Tl rows are the own rows (local layout). No k-norm state (k_raw, rstd_k): the K/V
+  /// projections' backward recomputes it after the ring (project_kv into the own rows).
+  kv_state ring_kv(B& be, const sequence_batch& seq, matrix_view<const T> x, index_t travel) const {
+    kv_state kv;
+    kv.k = be.template allocate<T>(travel * cfg_.kv_width());
+    kv.v = be.template allocate<T>(travel * cfg_.kv_width());
+    for_each_shard_chunk(shard_chunk_, false, [&](index_t c0, index_t c1) {
+      chunk_acts a = make_acts(be, seq, x, c0, c1);
+      project_kv(be, seq, a, c0, c1, kv);
+    });
+    return kv;
+  }
+
+  /// f(b, p0, keys, values, r0, r1) for every piece of the held block that queries before c1
+  /// may see: sequence b's positions [p0, p1) of one of its blocks (p1 clipped to c1), rows
+  /// [r0, r1) of the travelling buffers (B*max_local rows).
+  template <class F>
+  void for_each_block_piece(const sequence_batch& seq, const sequence_shard& held,
+                            const kv_state& kv, index_t travel, index_t c1, F&& f) const {
+    const index_t kvw = cfg_.kv_width(), tl = held.local_len();
+    for (index_t b = 0; b < seq.batch; ++b)
+      for (const auto& k : held.blocks) {
+        if (k.p0 >= c1) continue;  // causal: no query before c1 sees it
+        const index_t r0 = b * tl + k.local0, r1 = r0 + std::min(k.p1, c1) - k.p0;
+        f(b, k.p0, matrix_view<const T>(kv.k.view(travel, kvw).row_range(r0, r1)),
+          matrix_view<const T>(kv.v.view(travel, kvw).row_range(r0, r1)), r0, r1);
+      }
+  }
+
+  /// ring_ (o, lse) of the own rows: N rounds, each attending the own queries `chunk`
+  /// positions at a time to the held block (key offset k0, the chunk's whole key range as
+  /// key_end) and merging by log-sum-exp, then shifting K and V one rank on.
+  void ring_attention_forward(B& be, const sequence_batch& seq, matrix_view<const T> x,
+                              index_t chunk, const kv_ring<T>& ring) {
+    check(ring.size() >= 1 && ring.rank >= 0 && ring.rank < ring.size() &&
+              ring.max_local >= shard_->local_len(),
+          "decoder_layer: the K/V ring has ", ring.size(), " shards, rank ", ring.rank,
+          ", max_local ", ring.max_local, " for a shard of ", shard_->local_len(), " positions");
+    const index_t qw = cfg_.q_width(), h = cfg_.num_attention_heads, hd = cfg_.head_dim;
+    const index_t rows = local_rows(seq), travel = seq.batch * ring.max_local;
+    const index_t tl = shard_->local_len();
+    shard_chunk_ = std::max<index_t>(1, chunk);
+    ring_.emplace();
+    ring_->o = be.template allocate<T>(rows * qw);   // (B*Tl, H*hd)
+    ring_->lse = be.template allocate<T>(rows * h);  // (B*Tl, H)
+    be.fill(ring_->o.view(rows, qw), A(0));
+    be.fill(ring_->lse.view(rows, h), -std::numeric_limits<A>::infinity());
+    kv_state kv = ring_kv(be, seq, x, travel);
+    const attention_shape shape{h, cfg_.num_key_value_heads, hd};
+    const auto scale = static_cast<A>(cfg_.attention_scale());
+    for (int round = 0; round < ring.size(); ++round) {
+      const sequence_shard& held = ring.held(round);
+      for_each_shard_chunk(shard_chunk_, false, [&](index_t c0, index_t c1) {
+        if (held.blocks.front().p0 >= c1) return;
+        chunk_acts a = make_acts(be, seq, x, c0, c1);
+        project_q(be, seq, a, c0, c1);
+        const index_t n = a.n, c = c1 - c0, l0 = local_start(c0, c1);
+        buffer ob = be.template allocate<T>(c * qw);  // (c, H*hd) one piece's output
+        buffer lb = be.template allocate<T>(c * h);   // (c, H)
+        for_each_block_piece(
+            seq, held, kv, travel, c1,
+            [&](index_t b, index_t p0, auto keys, auto vals, index_t, index_t) {
+              attention_mask m = pos_.mask_of(seq, b, c0);
+              m.k0 = p0;
+              m.key_end = c1;
+              be.attention_forward(shape, a.q.view(n, qw).row_range(b * c, (b + 1) * c), keys, vals,
+                                   m, scale, ob.view(c, qw), lb.view(c, h));
+              const index_t o0 = b * tl + l0;
+              attention_merge(be, h, hd, ring_->o.view(rows, qw).row_range(o0, o0 + c),
+                              ring_->lse.view(rows, h).row_range(o0, o0 + c),
+                              matrix_view<const T>(ob.view(c, qw)),
+                              matrix_view<const T>(lb.view(c, h)));
+            });
+      });
+      if (round + 1 < ring.size()) {
+        ring.shift(kv.k.span());
+        ring.shift(kv.v.span());
+      }
+    }
+  }
+
+  /// The Q projection's backward of one chunk given dq (n, H*hd) w.r.t. the rotated q (one
+  /// ring round's part: every step is linear in dq, so the rounds' parts add up): RoPE and
+  /// q-norm undone, the q weights' gradients, dh1 = dq Wq through the input norm into dx.
+  void query_backward(B& be, const sequence_batch& seq, chunk_acts& a, buffer dq, index_t c0,
+                      index_t c1, matrix_view<T> dx, layer_grad_mode mode) const {
+    const index_t n = a.n, d = cfg_.hidden_size, qw = cfg_.q_width();
+    const bool wg = mode.weight_grads;
+    detail::unfinish_q(be, seq, cfg_, pos_, w_.vec(ids_.q_norm), w_.grad_vec(ids_.q_norm, wg),
+                       a.q_raw, a.rstd_q, dq, c0, c1);
+    auto h1 = a.h1.view(n, d);
+    w_.linear_weight_grad(be, ids_.q_proj, dq.view(n, qw), h1, wg);
+    if (cfg_.qkv_bias && w_.wants(ids_.q_bias, wg)) add_bias_grad(be, ids_.q_bias, dq.view(n, qw));
+    if (!mode.input_grad && !w_.wants(ids_.input_norm, wg)) {  // the adapters' gradients only
+      lora_backward(be, projection::q_proj, h1, dq.view(n, qw), {}, wg);
+      return;
+    }
+    buffer dh1 = be.template allocate<T>(n * d);  // (n, d)
+    w_.linear_input_grad(be, ids_.q_proj, dq.view(n, qw), dh1.view(n, d), A(0));
+    lora_backward(be, projection::q_proj, h1, dq.view(n, qw), dh1.view(n, d), wg);
+    input_norm_backward(be, seq, a, dh1.view(n, d), c0, c1, dx, mode);
+  }
+
+  /// dx rows of the chunk += the input norm's backward of dh1 (n, d), and its weight's gradient.
+  void input_norm_backward(B& be, const sequence_batch& seq, const chunk_acts& a,
+                           matrix_view<T> dh1, index_t c0, index_t c1, matrix_view<T> dx,
+                           layer_grad_mode mode) const {
+    const index_t n = a.n, d = cfg_.hidden_size;
+    buffer dxc = be.template allocate<T>(n * d);  // (n, d) this chunk's dx rows
+    if (mode.input_grad) gather_x(be, seq, c0, c1, matrix_view<const T>(dx), dxc.view(n, d));
+    be.rmsnorm_backward(a.xv, w_.vec(ids_.input_norm), a.rstd1.span(), matrix_view<const T>(dh1),
+                        dxc.view(n, d), w_.grad_vec(ids_.input_norm, mode.weight_grads));
+    if (mode.input_grad) scatter_x(be, seq, c0, c1, matrix_view<const T>(dxc.view(n, d)), dx);
+  }
 
   /// Rows of x, y, dy, dx: B*T, or B*Tl over a shard.
   index_t local_rows(const sequence_batch& seq) const {
@@ -348,7 +518,20 @@ class decoder_layer {
     const index_t l0 = local_start(c0, c1), c = c1 - c0, tl = shard_->local_len();
     for (index_t b = 0; b < seq.batch; ++b)
       be.copy(src.row_range(b * c, (b + 1) * c), dst.row_range(b * tl + l0, b * tl + l0 + c));
-  }
+  }  /// The rows of x, y, dy, dx and the K/V buffers as detail::store_kv / kv_grad_rows place
+  /// them: all B*T rows, or the shard's own B*Tl.
+  struct row_map {
+    const decoder_layer* layer;
+    index_t rows(const sequence_batch& seq) const { return layer->local_rows(seq); }
+    void gather(B& be, const sequence_batch& seq, index_t c0, index_t c1, matrix_view<const T> src,
+                matrix_view<T> dst) const {
+      layer->gather_x(be, seq, c0, c1, src, dst);
+    }
+    void scatter(B& be, const sequence_batch& seq, index_t c0, index_t c1, matrix_view<const T> src,
+                 matrix_view<T> dst) const {
+      layer->scatter_x(be, seq, c0, c1, src, dst);
+    }
+  };
 
   /// y rows of the chunk = x2 + act Wd^T (+ bd).
   void write_output(B& be, const sequence_batch& seq, const chunk_acts& a, index_t c0, index_t c1,
@@ -364,8 +547,11 @@ class decoder_layer {
 
   void check_rows(const char* where, const sequence_batch& seq, matrix_view<const T> in,
                   matrix_view<T> out) const {
-    detail::check_layer_rows(std::string("decoder_layer::") + where, local_rows(seq),
-                             cfg_.hidden_size, in, out);
+    const std::string w = std::string("decoder_layer::") + where;
+    check_extent(w.c_str(), "input rows", in.rows, local_rows(seq));
+    check_extent(w.c_str(), "input cols", in.cols, cfg_.hidden_size);
+    check_extent(w.c_str(), "output rows", out.rows, local_rows(seq));
+    check_extent(w.c_str(), "output cols", out.cols, cfg_.hidden_size);
   }
 
   /// y (n, out) += s (x A^T) B^T for projection p's adapter (nothing without one).
@@ -444,7 +630,8 @@ class decoder_layer {
     return a;
   }
 
-  /// K and V of the chunk's rows (from a.h1) written into rows [c0, c1) of kv.
+  /// K and V of the chunk's rows (from a.h1) written into its rows of kv (over a shard: the own
+  /// rows, local layout).
   void project_kv(B& be, const sequence_batch& seq, const chunk_acts& a, index_t c0, index_t c1,
                   kv_state& kv) const {
     const index_t n = a.n, d = cfg_.hidden_size, kvw = cfg_.kv_width();
@@ -460,14 +647,13 @@ class decoder_layer {
     lora_forward(be, projection::k_proj, h1, k_c.view(n, kvw));
     lora_forward(be, projection::v_proj, h1, v_c.view(n, kvw));
     detail::store_kv(be, seq, cfg_, pos_, w_.vec(ids_.k_norm), std::move(k_c), std::move(v_c), c0,
-                     c1, kv);
+                     c1, kv, row_map{this});
   }
 
-  /// The chunk's forward up to the MLP activation (everything backward_rows needs).
-  void forward_chunk(B& be, const sequence_batch& seq, chunk_acts& a, const kv_state& kv,
-                     index_t c0, index_t c1) const {
+  /// a.q (n, H*hd) = RoPE(q-norm(h1 Wq^T + bq)) of the chunk (q_raw, rstd_q with q-norm).
+  void project_q(B& be, const sequence_batch& seq, chunk_acts& a, index_t c0, index_t c1) const {
     const index_t n = a.n, d = cfg_.hidden_size, qw = cfg_.q_width();
-    const index_t h = cfg_.num_attention_heads, f = cfg_.intermediate_size;
+    const index_t h = cfg_.num_attention_heads;
     auto h1 = a.h1.view(n, d);
     a.q = be.template allocate<T>(n * qw);
     if (cfg_.qk_norm) {
@@ -482,11 +668,25 @@ class decoder_layer {
       lora_forward(be, projection::q_proj, h1, a.q.view(n, qw));
     }
     detail::finish_q(be, seq, cfg_, pos_, w_.vec(ids_.q_norm), a.q_raw, a.rstd_q, a.q, c0, c1);
-    // attention of each sequence's chunk queries against its key prefix [0, c1)
+  }
+
+  /// The chunk's forward up to the MLP activation (everything backward_rows needs).
+  void forward_chunk(B& be, const sequence_batch& seq, chunk_acts& a, const kv_state& kv,
+                     index_t c0, index_t c1) const {
+    const index_t n = a.n, d = cfg_.hidden_size, qw = cfg_.q_width();
+    const index_t h = cfg_.num_attention_heads, f = cfg_.intermediate_size;
     a.o = be.template allocate<T>(n * qw);
     a.lse = be.template allocate<T>(n * h);
-    detail::attend_forward(be, seq, cfg_, pos_, kv, matrix_view<const T>(a.q.view(n, qw)),
-                           a.o.view(n, qw), a.lse.view(n, h), c0, c1);
+    if (ring_) {  // over a sequence shard: the ring's merged attention rows (forward_shard)
+      gather_x(be, seq, c0, c1, matrix_view<const T>(ring_->o.view(local_rows(seq), qw)),
+               a.o.view(n, qw));
+      gather_x(be, seq, c0, c1, matrix_view<const T>(ring_->lse.view(local_rows(seq), h)),
+               a.lse.view(n, h));
+    } else {  // each sequence's chunk queries against its key prefix [0, c1)
+      project_q(be, seq, a, c0, c1);
+      detail::attend_forward(be, seq, cfg_, pos_, kv, matrix_view<const T>(a.q.view(n, qw)),
+                             a.o.view(n, qw), a.lse.view(n, h), c0, c1);
+    }
     // x2 = x + o Wo^T
     a.x2 = be.template allocate<T>(n * d);
     be.copy(a.xv, a.x2.view(n, d));
@@ -565,6 +765,12 @@ class decoder_layer {
       w_.linear_weight_grad(be, ids_.o_proj, dx2.view(n, d), a.o.view(n, qw), wg);
       if (cfg_.o_bias && w_.wants(ids_.o_bias, wg)) add_bias_grad(be, ids_.o_bias, dx2.view(n, d));
       lora_backward(be, projection::o_proj, a.o.view(n, qw), dx2.view(n, d), dout.view(n, qw), wg);
+      if (ring_) {  // over a sequence shard: attention and Q/K/V run in end_backward_shard
+        scatter_x(be, seq, c0, c1, matrix_view<const T>(dout.view(n, qw)),
+                  ring_->d_o.view(local_rows(seq), qw));
+        if (mode.input_grad) scatter_x(be, seq, c0, c1, matrix_view<const T>(dx2.view(n, d)), dx);
+        return;
+      }
       detail::attend_backward(be, seq, cfg_, pos_, *kv_, matrix_view<const T>(a.q.view(n, qw)),
                               matrix_view<const T>(a.o.view(n, qw)),
                               matrix_view<const T>(dout.view(n, qw)),
@@ -580,25 +786,20 @@ class decoder_layer {
     auto h1 = a.h1.view(n, d);
     w_.linear_weight_grad(be, ids_.q_proj, dq.view(n, qw), h1, wg);
     if (cfg_.qkv_bias && w_.wants(ids_.q_bias, wg)) add_bias_grad(be, ids_.q_bias, dq.view(n, qw));
-    // k, v rows of this chunk are complete now (later chunks were done first); over a
-    // sequence shard later ranks add to them: end_backward_shard backpropagates them
-    std::pair<buffer, buffer> dkv;
-    if (!shard_) dkv = kv_rows_backward(be, seq, c0, c1, h1, wg);
+    // k, v rows of this chunk are complete now (later chunks were done first)
+    auto [dk, dv] = kv_rows_backward(be, seq, c0, c1, h1, wg);
     // dh1 is needed for dx, or for the input norm's weight gradient
     const bool need_dh1 = mode.input_grad || w_.wants(ids_.input_norm, wg);
     if (!need_dh1) {  // the adapters' gradients only
       lora_backward(be, projection::q_proj, h1, dq.view(n, qw), {}, wg);
-      if (!shard_)
-        kv_lora_backward(be, h1, dkv.first.view(n, kvw), dkv.second.view(n, kvw), {}, wg);
+      kv_lora_backward(be, h1, dk.view(n, kvw), dv.view(n, kvw), {}, wg);
       return;
     }
     // dh1 = dq Wq + dk Wk + dv Wv; dx = dx2 + RMSNorm backward
     buffer dh1 = be.template allocate<T>(n * d);  // (n, d)
     w_.linear_input_grad(be, ids_.q_proj, dq.view(n, qw), dh1.view(n, d), A(0));
     lora_backward(be, projection::q_proj, h1, dq.view(n, qw), dh1.view(n, d), wg);
-    if (!shard_)
-      kv_input_backward(be, h1, dkv.first.view(n, kvw), dkv.second.view(n, kvw), dh1.view(n, d),
-                        wg);
+    kv_input_backward(be, h1, dk.view(n, kvw), dv.view(n, kvw), dh1.view(n, d), wg);
     be.rmsnorm_backward(a.xv, w_.vec(ids_.input_norm), a.rstd1.span(), dh1.view(n, d),
                         dx2.view(n, d), w_.grad_vec(ids_.input_norm, wg));
     if (mode.input_grad) scatter_x(be, seq, c0, c1, matrix_view<const T>(dx2.view(n, d)), dx);
@@ -625,7 +826,7 @@ class decoder_layer {
                                              index_t c1, matrix_view<const T> h1, bool wg) const {
     const index_t n = h1.rows, kvw = cfg_.kv_width();
     auto [dk, dv] = detail::kv_grad_rows(be, seq, cfg_, pos_, *kv_, w_.vec(ids_.k_norm),
-                                         w_.grad_vec(ids_.k_norm, wg), c0, c1);
+                                         w_.grad_vec(ids_.k_norm, wg), c0, c1, row_map{this});
     w_.linear_weight_grad(be, ids_.k_proj, dk.view(n, kvw), h1, wg);
     w_.linear_weight_grad(be, ids_.v_proj, dv.view(n, kvw), h1, wg);
     if (cfg_.qkv_bias) {
@@ -646,6 +847,7 @@ class decoder_layer {
   lora_binding<B> lora_{};               // adapters of the projections (none by default)
   std::optional<sequence_shard> shard_;  // set while running over a sequence shard
   index_t shard_chunk_ = 1;              // positions per chunk of that backward
+  std::optional<ring_state> ring_;       // the own rows' attention over the K/V ring
 };
 
 }  // namespace tightfit

@@ -13,11 +13,11 @@
 // Invariant: the shards of ranks 0..N-1 partition [0, T), every shard non-empty.
 //
 // SequenceParallelLayer: a Layer that runs its forward and backward over a shard's rows. It
-// never talks to the other ranks itself: the driver hands it two callbacks over spans of the
-// full (B*T, Hkv*hd) K and V buffers (keys after RoPE), `exchange`, after which every row holds
-// its owner's value (an all-gather), and `reduce`, after which the rank's own rows of dK and
-// dV hold the sum over all ranks' contributions (a reduce-scatter). Positions, RoPE and masks
-// are global (the sequence_batch is the whole batch's).
+// never talks to the other ranks itself: the driver hands it a kv_ring, every rank's shard and
+// a callback that shifts a buffer one rank along the ring. No rank holds the whole sequence's
+// K/V: a layer holds its own K/V block (keys after RoPE) plus the one the ring brings, N
+// rounds, and the dK/dV partials of a block travel with it back to their owner. Positions,
+// RoPE and masks are global (the sequence_batch is the whole batch's).
 #pragma once
 
 #include <algorithm>
@@ -128,30 +128,47 @@ void scatter_shard_rows(B& be, index_t batch, const sequence_shard& s,
               dst.row_range(b * t + k.p0, b * t + k.p1));
 }
 
-/// The driver's callbacks over the full K and V (or dK and dV) buffers (B*T, Hkv*hd) each.
+/// The K/V ring the driver hands a layer (see the top comment). A block of owner o is the
+/// (B*Tl_o, w) rows of o's positions in o's local layout, in a buffer of B * max_local rows
+/// (every rank's buffers have one size). shift(buf): buf <- rank - 1's buf, in place (each rank
+/// sends its buf to rank + 1 at the same time), so after `round` shifts a rank holds the block
+/// of owner (rank - round) mod N.
 template <class T>
-using kv_exchange = std::function<void(std::span<T> k, std::span<T> v)>;
+struct kv_ring {
+  int rank = 0;
+  std::vector<sequence_shard> shards;  ///< every rank's shard, in rank order
+  index_t max_local = 0;               ///< the largest Tl
+  std::function<void(std::span<T>)> shift;
+
+  int size() const { return static_cast<int>(shards.size()); }
+  /// The shard whose block a rank holds after `round` shifts.
+  const sequence_shard& held(int round) const {
+    const int n = size();
+    return shards[static_cast<std::size_t>(((rank - round) % n + n) % n)];
+  }
+};
 
 /// A Layer that runs over a sequence shard (see the top comment):
-///  - forward_shard(be, seq, shard, x, y, chunk, exchange): y (B*Tl, d) = layer(x (B*Tl, d));
-///    projects its own K/V rows, calls exchange once, then runs its queries `chunk` positions
-///    at a time against the global key prefix.
-///  - begin_backward_shard(be, seq, shard, x, chunk, mode, exchange): K/V as in the forward
-///    (exchange called once), dK/dV accumulators over all B*T rows.
+///  - forward_shard(be, seq, shard, x, y, chunk, ring): y (B*Tl, d) = layer(x (B*Tl, d)): the
+///    own queries' attention over the ring's N blocks (log-sum-exp merged), then the rest of
+///    the layer `chunk` positions at a time.
+///  - begin_backward_shard(be, seq, shard, x, chunk, mode, ring): the attention output and lse
+///    of the own rows again over the ring.
 ///  - backward_chunk(be, seq, x, dy, c0, c1, dx, mode) with global [c0, c1) inside one of the
-///    shard's blocks, last to first: as Layer's, except that the K/V projections' backward is
-///    deferred (dK/dV rows of later ranks' queries are not known yet).
-///  - end_backward_shard(be, seq, x, dx, mode, reduce): calls reduce once, then backpropagates
-///    the K/V projections of its own rows (adding into dx, accumulating their weights'
-///    gradients) and frees the state.
+///    shard's blocks, last to first: as Layer's down to the attention output's gradient, which
+///    it keeps (attention and the Q/K/V projections need every block).
+///  - end_backward_shard(be, seq, x, dx, mode, ring): the attention backward over the ring (K/V
+///    and their dK/dV partials travel together; after the last shift each rank holds its own
+///    rows' complete dK/dV), the Q/K/V projections' backward into dx and the weights'
+///    gradients, and frees the state.
 template <class L, class B>
 concept SequenceParallelLayer = Layer<L, B> &&
     requires(L& layer, B& be, const sequence_batch& seq, const sequence_shard& shard,
              matrix_view<const storage_t<B>> x, matrix_view<storage_t<B>> y, index_t n,
-             layer_grad_mode mode, kv_exchange<storage_t<B>> cb) {
-  layer.forward_shard(be, seq, shard, x, y, n, cb);
-  layer.begin_backward_shard(be, seq, shard, x, n, mode, cb);
-  layer.end_backward_shard(be, seq, x, y, mode, cb);
+             layer_grad_mode mode, const kv_ring<storage_t<B>>& ring) {
+  layer.forward_shard(be, seq, shard, x, y, n, ring);
+  layer.begin_backward_shard(be, seq, shard, x, n, mode, ring);
+  layer.end_backward_shard(be, seq, x, y, mode, ring);
 };
 
 }  // namespace tightfit

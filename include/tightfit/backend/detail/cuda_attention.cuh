@@ -2,11 +2,13 @@
 // of the CUDA backend, FlashAttention-2 style (Dao, "FlashAttention-2: Faster Attention with
 // Better Parallelism and Work Partitioning", 2023).
 //
-// One sequence; rows of Q are positions [q0, q0 + nq), keys [0, nk). Query i, head h at position
-// p = q0 + i sees keys [attn_first(p), attn_last(p)] (attention_mask: last = min(p, kmax - 1) with
-// kmax = min(nk, valid_len); first = max(p - window + 1, doc[p], 0), at most last), through kv
-// head h / group (GQA). Both bounds are non-decreasing in p: key tiles before the first key of a
-// query tile, or query tiles past the last query of a key tile, are skipped.
+// One sequence; rows of Q are positions [q0, q0 + nq), K/V row j is position k0 + j (j < nk: a
+// key block of a longer call, attention_mask::k0). Query i, head h at position p = q0 + i sees
+// keys [attn_first(p), attn_last(p)] (attention_mask: last = min(p, kmax - 1) with kmax =
+// min(key_end, valid_len); first = max(p - window + 1, doc[p], 0), at most last) that lie in
+// [k0, k0 + nk), through kv head h / group (GQA); a row with none gets O = 0, lse = -inf. Both
+// bounds are non-decreasing in p: key tiles before the first key of a query tile, or query tiles
+// past the last query of a key tile, are skipped.
 //  - forward: a block per (query tile of BR rows, head) streams key tiles of BC keys through
 //    shared memory with the online softmax (running max m, sum l, rescaled O accumulator) and
 //    saves lse = m + log l; key tiles past the tile's last visible key are never loaded.
@@ -35,6 +37,7 @@ inline constexpr int attn_threads = 128;
 /// Geometry shared by the attention kernels.
 struct attn_args {
   index_t nq = 0, kmax = 0, q0 = 0;
+  index_t k0 = 0, nk = 0;        ///< K/V row j is position k0 + j, j < nk
   index_t window = 0;            ///< 0: none
   const index_t* doc = nullptr;  ///< device doc_start of positions [0, q0 + nq), or null
   index_t heads = 1, group = 1, hd = 1;
@@ -60,10 +63,25 @@ __device__ __forceinline__ index_t attn_first(const attn_args& a, index_t p) {
   return f < last ? f : last;
 }
 
+/// Whether query row i sees K/V row j (local; position k0 + j).
 __device__ __forceinline__ bool attn_visible(const attn_args& a, index_t i, index_t j) {
-  if (i >= a.nq) return false;
-  const index_t p = a.q0 + i;
-  return j <= attn_last(a, p) && j >= attn_first(a, p);
+  if (i >= a.nq || j >= a.nk) return false;
+  const index_t p = a.q0 + i, pos = a.k0 + j;
+  return pos <= attn_last(a, p) && pos >= attn_first(a, p);
+}
+/// The local K/V rows below kmax: [0, clamp(kmax - k0, 0, nk)).
+__host__ __device__ __forceinline__ index_t attn_local_keys(const attn_args& a) {
+  const index_t e = a.kmax - a.k0;
+  return e < 0 ? 0 : (e < a.nk ? e : a.nk);
+}
+/// The local K/V rows [begin, end) a query tile [i0, ilast] may see (end <= begin: none).
+__device__ __forceinline__ index_t attn_local_begin(const attn_args& a, index_t i0) {
+  const index_t f = attn_first(a, a.q0 + i0) - a.k0;
+  return f > 0 ? f : 0;
+}
+__device__ __forceinline__ index_t attn_local_end(const attn_args& a, index_t ilast) {
+  const index_t e = (a.q0 + ilast + 1 < a.kmax ? a.q0 + ilast + 1 : a.kmax) - a.k0;
+  return e < a.nk ? e : a.nk;
 }
 
 /// Loads rows [r0, r0 + n) of columns [c0, c0 + hd) of a strided matrix into a (n, hd) fp32
@@ -104,8 +122,8 @@ __global__ void __launch_bounds__(attn_threads)
     lrow[threadIdx.x] = 0.f;
   }
   const index_t ilast = (i0 + attn_br < a.nq ? i0 + attn_br : a.nq) - 1;
-  const index_t kend = a.q0 + ilast + 1 < a.kmax ? a.q0 + ilast + 1 : a.kmax;
-  const index_t kbegin = attn_first(a, a.q0 + i0);
+  const index_t kend = attn_local_end(a, ilast);
+  const index_t kbegin = attn_local_begin(a, i0);
   const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
   const int warps = static_cast<int>(blockDim.x) / 32;
   for (index_t j0 = kbegin; j0 < kend; j0 += attn_bc) {
@@ -156,10 +174,11 @@ __global__ void __launch_bounds__(attn_threads)
   if (!LseOnly)
     for (index_t e = threadIdx.x; e < attn_br * hd; e += blockDim.x) {
       const index_t r = e / hd, c = e % hd;
-      if (i0 + r < a.nq) o[(i0 + r) * os + qc + c] = cvt<S>(ot[e] / lrow[r]);
+      if (i0 + r < a.nq) o[(i0 + r) * os + qc + c] = cvt<S>(lrow[r] > 0.f ? ot[e] / lrow[r] : 0.f);
     }
-  if (threadIdx.x < attn_br && i0 + threadIdx.x < a.nq) {
-    const float l = mrow[threadIdx.x] + logf(lrow[threadIdx.x]);
+  if (threadIdx.x < attn_br && i0 + threadIdx.x < a.nq) {  // no key in the block: -inf
+    const float l =
+        lrow[threadIdx.x] > 0.f ? mrow[threadIdx.x] + logf(lrow[threadIdx.x]) : -INFINITY;
     if constexpr (std::is_same_v<L, float>)
       lse[(i0 + threadIdx.x) * lss + h] = l;
     else
@@ -233,15 +252,18 @@ __global__ void __launch_bounds__(attn_threads)
   float* drow = lrow + attn_br;           // (BR)
   const index_t j0 = static_cast<index_t>(blockIdx.x) * attn_bc, g = blockIdx.y;
   const index_t kvc = g * hd;
-  attn_load(kt, k, ks, j0, a.kmax, kvc, hd, attn_bc);
-  attn_load(vt, v, vs, j0, a.kmax, kvc, hd, attn_bc);
+  const index_t kloc = attn_local_keys(a);
+  attn_load(kt, k, ks, j0, kloc, kvc, hd, attn_bc);
+  attn_load(vt, v, vs, j0, kloc, kvc, hd, attn_bc);
   for (index_t e = threadIdx.x; e < attn_bc * hd; e += blockDim.x) dkt[e] = dvt[e] = 0.f;
-  // first query row that sees key j0: q0 + i >= j0
-  const index_t ifirst = j0 - a.q0 > 0 ? ((j0 - a.q0) / attn_br) * attn_br : 0;
+  // first query row that sees key position k0 + j0: q0 + i >= k0 + j0
+  const index_t jpos = a.k0 + j0;
+  const index_t ifirst = jpos - a.q0 > 0 ? ((jpos - a.q0) / attn_br) * attn_br : 0;
   for (index_t h = g * a.group; h < (g + 1) * a.group; ++h) {
     const index_t qc = h * hd;
     // rows whose first key is past this tile see none of it (and neither do later rows)
-    for (index_t i0 = ifirst; i0 < a.nq && attn_first(a, a.q0 + i0) < j0 + attn_bc; i0 += attn_br) {
+    for (index_t i0 = ifirst; i0 < a.nq && attn_first(a, a.q0 + i0) < jpos + attn_bc;
+         i0 += attn_br) {
       __syncthreads();
       attn_load(qt, q, qs, i0, a.nq, qc, hd, attn_br);
       attn_load(dot, dout, ds, i0, a.nq, qc, hd, attn_br);
@@ -276,7 +298,7 @@ __global__ void __launch_bounds__(attn_threads)
   __syncthreads();
   for (index_t e = threadIdx.x; e < attn_bc * hd; e += blockDim.x) {
     const index_t c = e / hd, d = e % hd;
-    if (j0 + c >= a.kmax) continue;
+    if (j0 + c >= kloc) continue;
     S* pk = dk + (j0 + c) * dks + kvc + d;
     S* pv = dv + (j0 + c) * dvs + kvc + d;
     *pk = cvt<S>(ld(pk) + dkt[e]);
@@ -313,8 +335,8 @@ __global__ void __launch_bounds__(attn_threads)
     drow[threadIdx.x] = i < a.nq ? dvec[i * a.heads + h] : 0.f;
   }
   const index_t ilast = (i0 + attn_br < a.nq ? i0 + attn_br : a.nq) - 1;
-  const index_t kend = a.q0 + ilast + 1 < a.kmax ? a.q0 + ilast + 1 : a.kmax;
-  for (index_t j0 = attn_first(a, a.q0 + i0); j0 < kend; j0 += attn_bc) {
+  const index_t kend = attn_local_end(a, ilast);
+  for (index_t j0 = attn_local_begin(a, i0); j0 < kend; j0 += attn_bc) {
     __syncthreads();
     attn_load(kt, k, ks, j0, kend, kvc, hd, attn_bc);
     attn_load(vt, v, vs, j0, kend, kvc, hd, attn_bc);
@@ -335,6 +357,27 @@ __global__ void __launch_bounds__(attn_threads)
     S* p = dq + (i0 + r) * dqs + qc + d;
     *p = cvt<S>(ld(p) + dqt[e]);
   }
+}
+
+/// merge_attention_blocks (backend/concept.hpp) on the device: one thread per (row, head).
+template <class S>
+__global__ void attn_merge_kernel(index_t n, index_t heads, index_t hd, S* o, index_t os, S* lse,
+                                  index_t ls, const S* ob, index_t obs, const S* lb, index_t lbs) {
+  const index_t e = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= n * heads) return;
+  const index_t i = e / heads, h = e % heads;
+  const float l = ld(lse + i * ls + h), b = ld(lb + i * lbs + h);
+  if (b == -INFINITY) return;
+  S* oi = o + i * os + h * hd;
+  const S* bi = ob + i * obs + h * hd;
+  if (l == -INFINITY) {
+    for (index_t c = 0; c < hd; ++c) oi[c] = bi[c];
+    lse[i * ls + h] = lb[i * lbs + h];
+    return;
+  }
+  const float m = fmaxf(l, b), ea = expf(l - m), eb = expf(b - m), sum = ea + eb;
+  for (index_t c = 0; c < hd; ++c) oi[c] = cvt<S>((ea * ld(oi + c) + eb * ld(bi + c)) / sum);
+  lse[i * ls + h] = cvt<S>(m + logf(sum));
 }
 
 /// Shared-memory bytes of each kernel for head_dim hd.

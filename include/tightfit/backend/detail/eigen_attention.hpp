@@ -2,11 +2,11 @@
 // the CPU with Eigen GEMMs on tiles and oneTBB across tiles.
 //
 // One sequence, GQA without replicating K/V: query head h reads kv head h / (heads / kv_heads).
-// Query row r sits at position p = q0 + r and attends keys [begin(r), end(r)) with
-// begin = attention_mask::begin_key (sliding window, document start) and end = last_key + 1
-// (causal, valid_len, nk). Both are non-decreasing in r, so the keys of a query tile form one
-// interval and the queries of a key tile one interval: every loop below walks only those, and a
-// tile is masked only where a row's interval does not cover it.
+// Query row r sits at position p = q0 + r and attends K/V rows [begin(r), end(r)) =
+// attention_mask::key_rows (sliding window, document start, causal, valid_len, the key block
+// [k0, k0 + nk) of a longer call; empty there: O = 0, lse = -inf). Both are non-decreasing in r, so
+// the keys of a query tile form one interval and the queries of a key tile one interval: every loop
+// below walks only those, and a tile is masked only where a row's interval does not cover it.
 //
 // Head stacking: the `group` query heads that share a kv head are adjacent columns of Q, so for a
 // tile of bq query rows they form one (bq * group, hd) matrix (stacked row r * group + j is query
@@ -92,8 +92,9 @@ struct attention_problem {
   /// The soft-capping cap of the scores (mask.softcap; used when > 0).
   T softcap() const { return static_cast<T>(mask.softcap); }
   /// Query row r attends keys [row_begin(r), row_end(r)); both non-decreasing in r.
-  index_t row_begin(index_t r) const { return mask.begin_key(mask.q0 + r, nk()); }
-  index_t row_end(index_t r) const { return mask.last_key(mask.q0 + r, nk()) + 1; }
+  /// (K/V rows of this call: attention_mask::key_rows; empty in a key block it does not see.)
+  index_t row_begin(index_t r) const { return mask.key_rows(mask.q0 + r, nk()).first; }
+  index_t row_end(index_t r) const { return mask.key_rows(mask.q0 + r, nk()).second; }
   /// The first row in [lo, hi) whose interval starts at or after `key` (hi when none).
   index_t first_row_from(index_t lo, index_t hi, index_t key) const {
     while (lo < hi) {
@@ -209,6 +210,11 @@ std::int64_t attention_forward_block(const attention_problem<T>& pb, index_t g, 
   }
   for (index_t row = 0; row < stacked; ++row) {
     const index_t r = r0 + row / group, h = g * group + row % group;
+    if (l[row] == T(0)) {  // no key in this key block (attention_mask::key_rows)
+      as_eigen(o, r, h * hd, 1, hd).setZero();
+      lse(r, h) = minus_infinity<T>();
+      continue;
+    }
     as_eigen(o, r, h * hd, 1, hd) = acc.row(row) * (T(1) / l[row]);
     lse(r, h) = m[row] + std::log(l[row]);
   }

@@ -278,6 +278,9 @@ void check_attention_inputs(const char* k, const attention_shape& s, const matri
   check(kk.rows >= 1, k, ": K.rows is ", kk.rows, ", expected >= 1 (key 0 must exist)");
   check_like(k, "V", v, "K", kk.rows, kk.cols);
   check_attention_mask(k, mask, q.rows);
+  check(mask.k0 >= 0, k, ": k0 is ", mask.k0, ", expected >= 0");
+  check(mask.key_end == 0 || mask.key_end >= mask.k0 + kk.rows, k, ": key_end is ", mask.key_end,
+        ", expected 0 or >= k0 + K.rows = ", mask.k0 + kk.rows);
   check(std::isfinite(static_cast<double>(scale)), k, ": scale is ", scale,
         ", expected a finite value");
 }

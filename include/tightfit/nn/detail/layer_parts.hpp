@@ -161,6 +161,30 @@ class layer_positions {
   std::vector<index_t> doc_start_;  // (B*T) t - position_ids[t] for packed batches, else empty
 };
 
+/// Where a layer's per-row buffers keep a chunk's rows [c0, c1): here all B*T rows of the
+/// batch (gather_rows / scatter_rows). A layer over a sequence shard passes a map of its own
+/// rows with the same three members.
+struct batch_rows {
+  index_t rows(const sequence_batch& seq) const { return seq.rows(); }
+  template <DenseBackend B>
+  void gather(B& be, const sequence_batch& seq, index_t c0, index_t c1,
+              matrix_view<const storage_t<B>> src, matrix_view<storage_t<B>> dst) const {
+    gather_rows(be, seq, c0, c1, src, dst);
+  }
+  template <DenseBackend B>
+  void scatter(B& be, const sequence_batch& seq, index_t c0, index_t c1,
+               matrix_view<const storage_t<B>> src, matrix_view<storage_t<B>> dst) const {
+    scatter_rows(be, seq, c0, c1, src, dst);
+  }
+};
+
+/// The first `rows` rows of a (>= rows, cols) buffer (a ring block's buffer holds the most rows
+/// any rank owns; its own rows come first).
+template <class Buffer>
+auto first_rows(const Buffer& b, index_t rows, index_t cols) {
+  return as_matrix(b.span().subspan(0, static_cast<std::size_t>(rows * cols)), rows, cols);
+}
+
 /// K/V of all B*T rows of one layer (Hkv heads of hd) and their gradient accumulators.
 template <StorageBackend B>
 struct kv_rows {
@@ -190,28 +214,32 @@ struct kv_rows {
 };
 
 /// The chunk's projected K and V (n = B*(c1-c0) rows, consumed): V and, with qk_norm, the
-/// pre-norm K and its rstd go to rows [c0, c1) of kv; K after k-norm (scale k_norm) and RoPE.
-template <TransformerBackend B>
+/// pre-norm K and its rstd (unless kv holds no k-norm state) go to the chunk's rows of kv
+/// (placed by `map`); K after k-norm (scale k_norm) and RoPE.
+template <TransformerBackend B, class RowMap = batch_rows>
 void store_kv(B& be, const sequence_batch& seq, const model_config& c, const layer_positions& pos,
               std::span<const storage_t<B>> k_norm, buffer_t<B> k_c, buffer_t<B> v_c, index_t c0,
-              index_t c1, kv_rows<B>& kv) {
+              index_t c1, kv_rows<B>& kv, const RowMap& map = {}) {
   using T = storage_t<B>;
   using A = accum_t<B>;
   const index_t n = (c1 - c0) * seq.batch, kvw = c.kv_width(), hd = c.head_dim;
-  const index_t hkv = c.num_key_value_heads, rows = seq.rows();
-  scatter_rows(be, seq, c0, c1, matrix_view<const T>(v_c.view(n, kvw)), kv.v.view(rows, kvw));
+  const index_t hkv = c.num_key_value_heads, rows = map.rows(seq);
+  map.scatter(be, seq, c0, c1, matrix_view<const T>(v_c.view(n, kvw)), first_rows(kv.v, rows, kvw));
   if (c.qk_norm) {
-    scatter_rows(be, seq, c0, c1, matrix_view<const T>(k_c.view(n, kvw)), kv.k_raw.view(rows, kvw));
+    if (!kv.k_raw.empty())
+      map.scatter(be, seq, c0, c1, matrix_view<const T>(k_c.view(n, kvw)),
+                  kv.k_raw.view(rows, kvw));
     buffer_t<B> kn = be.template allocate<T>(n * kvw);  // (n*Hkv, hd)
     buffer_t<B> rstd = be.template allocate<T>(n * hkv);
     be.rmsnorm_forward(k_c.view(n * hkv, hd), k_norm, A(c.rms_norm_eps), kn.view(n * hkv, hd),
                        rstd.span());
-    scatter_rows(be, seq, c0, c1, matrix_view<const T>(rstd.view(n, hkv)),
-                 kv.rstd_k.view(rows, hkv));
+    if (!kv.rstd_k.empty())
+      map.scatter(be, seq, c0, c1, matrix_view<const T>(rstd.view(n, hkv)),
+                  kv.rstd_k.view(rows, hkv));
     k_c = std::move(kn);
   }
   pos.rope_rows(be, seq, k_c.view(n, kvw), hkv, hd, c0, c1, false);
-  scatter_rows(be, seq, c0, c1, matrix_view<const T>(k_c.view(n, kvw)), kv.k.view(rows, kvw));
+  map.scatter(be, seq, c0, c1, matrix_view<const T>(k_c.view(n, kvw)), first_rows(kv.k, rows, kvw));
 }
 
 /// Q of a chunk (n = B*(c1-c0) rows) after its projection: with qk_norm, q_raw holds the
@@ -287,31 +315,29 @@ void unfinish_q(B& be, const sequence_batch& seq, const model_config& c, const l
   dq = std::move(dq_raw);
 }
 
-/// dK, dV (n, Hkv*hd) of rows [c0, c1) w.r.t. the K/V projections' outputs: gathered from the
-/// accumulators in kv (which must be complete for these rows), RoPE undone, then the k-norm's
-/// backward (dw += into k_norm_grad when not empty).
-template <TransformerBackend B>
+/// dK, dV (n, Hkv*hd) of rows [c0, c1) w.r.t. the K/V projections' outputs: gathered (by
+/// `map`) from the accumulators in kv (which must be complete for these rows), RoPE undone,
+/// then the k-norm's backward (dw += into k_norm_grad when not empty).
+template <TransformerBackend B, class RowMap = batch_rows>
 std::pair<buffer_t<B>, buffer_t<B>> kv_grad_rows(B& be, const sequence_batch& seq,
                                                  const model_config& c, const layer_positions& pos,
                                                  const kv_rows<B>& kv,
                                                  std::span<const storage_t<B>> k_norm,
                                                  std::span<storage_t<B>> k_norm_grad, index_t c0,
-                                                 index_t c1) {
+                                                 index_t c1, const RowMap& map = {}) {
   using T = storage_t<B>;
   const index_t n = (c1 - c0) * seq.batch, kvw = c.kv_width(), hkv = c.num_key_value_heads;
-  const index_t hd = c.head_dim, rows = seq.rows();
+  const index_t hd = c.head_dim, rows = map.rows(seq);
   buffer_t<B> dk = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
   buffer_t<B> dv = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
-  gather_rows(be, seq, c0, c1, matrix_view<const T>(kv.dk.view(rows, kvw)), dk.view(n, kvw));
-  gather_rows(be, seq, c0, c1, matrix_view<const T>(kv.dv.view(rows, kvw)), dv.view(n, kvw));
+  map.gather(be, seq, c0, c1, matrix_view<const T>(first_rows(kv.dk, rows, kvw)), dk.view(n, kvw));
+  map.gather(be, seq, c0, c1, matrix_view<const T>(first_rows(kv.dv, rows, kvw)), dv.view(n, kvw));
   pos.rope_rows(be, seq, dk.view(n, kvw), hkv, hd, c0, c1, true);
   if (c.qk_norm) {
     buffer_t<B> k_raw = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
     buffer_t<B> rstd = be.template allocate<T>(n * hkv);   // (n, Hkv)
-    gather_rows(be, seq, c0, c1, matrix_view<const T>(kv.k_raw.view(rows, kvw)),
-                k_raw.view(n, kvw));
-    gather_rows(be, seq, c0, c1, matrix_view<const T>(kv.rstd_k.view(rows, hkv)),
-                rstd.view(n, hkv));
+    map.gather(be, seq, c0, c1, matrix_view<const T>(kv.k_raw.view(rows, kvw)), k_raw.view(n, kvw));
+    map.gather(be, seq, c0, c1, matrix_view<const T>(kv.rstd_k.view(rows, hkv)), rstd.view(n, hkv));
     buffer_t<B> dk_raw = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
     be.rmsnorm_backward(k_raw.view(n * hkv, hd), k_norm, rstd.span(), dk.view(n * hkv, hd),
                         dk_raw.view(n * hkv, hd), k_norm_grad);
