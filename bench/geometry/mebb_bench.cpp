@@ -188,6 +188,35 @@ record run_scene(const tg::scene& sc, std::uint64_t seed, const tg::mebb_options
                    sc.long_strap, sc.long_handle, sc.resolution, m.mebb->pitch * 1000);
       for (const auto& x : m.reasons) std::fprintf(stderr, " %s", x.c_str());
       std::fprintf(stderr, "\n");
+      // per face of the measured box: which face of the true body it is (the body's local frame:
+      // +x the handle end, -x the wheel end, +-y the sides, +-z top and bottom), its signed error
+      // (outward positive), the solid-edge depth, the face's envelope scatter and its sigma
+      const char* const local[] = {"+x", "-x", "+y", "-y", "+z", "-z"};
+      for (int f = 0; f < 6; ++f) {
+        // measured and true face positions along the matched true axis (the two faces of an
+        // axis add up to that side's error whatever the yaw error)
+        const tg::point3 n = (f % 2 ? -1.0 : 1.0) * m.box.rotation.col(f / 2);
+        int best = 0;
+        for (int k = 1; k < 3; ++k)
+          if (std::abs(n.dot(sc.body.rotation.col(k))) >
+              std::abs(n.dot(sc.body.rotation.col(best))))
+            best = k;
+        const bool neg = n.dot(sc.body.rotation.col(best)) < 0;
+        const tg::point3 nt = (neg ? -1.0 : 1.0) * sc.body.rotation.col(best);
+        const double meas = nt.dot(m.box.centre) + m.box.extent[f / 2] / 2;
+        const double truth = nt.dot(sc.body.centre) + sc.body.extent[best] / 2;
+        const auto ff = static_cast<std::size_t>(f);
+        std::fprintf(stderr,
+                     "face seed %llu noise %g status %s f %d body %s err %+.2f reach %.1f "
+                     "fnoise %.2f sigma %.2f res %.1f yaw %.3f span %.0f\n",
+                     static_cast<unsigned long long>(seed), noise, tg::status_name(m.status), f,
+                     local[2 * best + (neg ? 1 : 0)], (meas - truth) * 1000,
+                     m.mebb->face_reach[ff] * 1000, m.mebb->face_noise[ff] * 1000,
+                     m.mebb->face_sigma[ff] * 1000, sc.resolution,
+                     yaw_diff(box_yaw_deg(m.box.rotation, up_true, sc.frame_rotation),
+                              box_yaw_deg(sc.body.rotation, up_true, sc.frame_rotation)),
+                     m.mebb->box.extent[f < 2 ? 1 : 0] * 1000);
+      }
     }
     t0 = clock_type::now();
     (void)tg::mebb_solve(tr.voxels, r.belt, o, &tr.raw);  // what measure() solves
