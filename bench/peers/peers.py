@@ -157,15 +157,36 @@ def torch_row(mode, directory):
     print(json.dumps({"seconds": seconds, "loss": loss.item(), "blas": blas_kernel()}))
 
 
+# The row runs as the child of a fresh, small interpreter: Linux carries a process's peak RSS
+# across fork and exec (exec keeps the larger of the old and new address space's high-water
+# mark), so a row forked from this script, which holds PyTorch and the exported tensors
+# (about 0.7 GiB), would report at least that much whatever it used itself.
+LAUNCHER = """import os, sys
+fd, cmd = int(sys.argv[1]), sys.argv[2:]
+pid = os.fork()
+if pid == 0:
+    os.close(fd)
+    os.execvp(cmd[0], cmd)
+_, status, usage = os.wait4(pid, 0)
+os.write(fd, str(usage.ru_maxrss * 1024).encode())
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def measured(cmd, env=None):
-    """Runs cmd as a child and returns (stdout, stderr, status, peak RSS bytes of that child)."""
+    """Runs cmd and returns (stdout, stderr, status, peak RSS bytes of cmd's own process)."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, text=True)
-        _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        rss_read, rss_write = os.pipe()
+        proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(rss_write)] + cmd,
+                                stdout=out, stderr=err, env=env, text=True,
+                                pass_fds=(rss_write,))
+        os.close(rss_write)
+        with os.fdopen(rss_read) as r:
+            rss = int(r.read() or 0)
+        proc.wait()
         out.seek(0)
         err.seek(0)
-        return out.read(), err.read(), proc.returncode, usage.ru_maxrss * 1024
+        return out.read(), err.read(), proc.returncode, rss
 
 
 def main():
