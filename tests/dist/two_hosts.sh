@@ -43,8 +43,10 @@ esac
 exec ip netns exec "\$ns" sh -c "\$*"
 EOF
 chmod +x "$work/agent"
+export_env=(-x PATH)
+[ -n "${ASAN_OPTIONS:-}" ] && export_env+=(-x ASAN_OPTIONS)
 echo "two_hosts: $ns1 ($ip1) and $ns2 ($ip2), veth, OpenMPI TCP"
 ip netns exec "$ns1" mpirun --allow-run-as-root -np 2 --host "$ip1:1,$ip2:1" \
   --mca plm_rsh_agent "$work/agent" --mca btl self,tcp \
   --mca btl_tcp_if_include "$ip1/24" --mca oob_tcp_if_include "$ip1/24" \
-  -x PATH "$binary" "$@"
+  "${export_env[@]}" "$binary" "$@"
