@@ -14,6 +14,7 @@ fused attention), and stops at a 20 GiB data limit ("> 20 GiB").
 
 usage: peers.py TIGHTFIT_BINARY [--seq 1024,2048,4096] [--csv FILE] [--plot FILE.png]
                 [--chunk 512] [--rows full,checkpoint,stream,torch-full,torch-checkpoint]
+       peers.py --from-csv A.csv,B.csv [--plot FILE.png]   (the table and plot of earlier runs)
 Internal: peers.py --torch-row MODE DIR   (one PyTorch measurement, JSON on stdout)
 """
 import argparse
@@ -168,13 +169,13 @@ if pid == 0:
     os.close(fd)
     os.execvp(cmd[0], cmd)
 _, status, usage = os.wait4(pid, 0)
-os.write(fd, str(usage.ru_maxrss * 1024).encode())
+os.write(fd, f"{usage.ru_maxrss * 1024} {usage.ru_utime + usage.ru_stime}".encode())
 sys.exit(os.waitstatus_to_exitcode(status))
 """
 
 
 def measured(cmd, env=None):
-    """Runs cmd and returns (stdout, stderr, status, peak RSS bytes of cmd's own process)."""
+    """Runs cmd; returns (stdout, stderr, status, peak RSS bytes, CPU seconds of cmd's own process)."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         rss_read, rss_write = os.pipe()
         proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(rss_write)] + cmd,
@@ -182,11 +183,11 @@ def measured(cmd, env=None):
                                 pass_fds=(rss_write,))
         os.close(rss_write)
         with os.fdopen(rss_read) as r:
-            rss = int(r.read() or 0)
+            rss, cpu = (r.read() or "0 0").split()
         proc.wait()
         out.seek(0)
         err.seek(0)
-        return out.read(), err.read(), proc.returncode, rss
+        return out.read(), err.read(), proc.returncode, int(rss), float(cpu)
 
 
 def main():
@@ -194,16 +195,32 @@ def main():
         torch_row(sys.argv[2], sys.argv[3])
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("tightfit")
+    ap.add_argument("tightfit", nargs="?")
     ap.add_argument("--seq", default="1024,2048,4096")
     ap.add_argument("--chunk", default="512")
     ap.add_argument("--rows", default="full,checkpoint,stream,torch-full,torch-checkpoint")
     ap.add_argument("--csv")
     ap.add_argument("--plot")
     ap.add_argument("--workdir")
+    ap.add_argument("--from-csv", help="no measuring: the table and plot of earlier --csv files (comma-separated)")
     args = ap.parse_args()
-    seqs = [int(s) for s in args.seq.split(",")]
     rows = args.rows.split(",")
+    if args.from_csv:
+        results = [r for path in args.from_csv.split(",") for r in read_csv(path)]
+        seqs = sorted({r["T"] for r in results})
+    elif args.tightfit:
+        seqs = [int(s) for s in args.seq.split(",")]
+        results = measure_all(args, seqs, rows)
+    else:
+        ap.error("give the tightfit binary to measure, or --from-csv")
+    print_table(results, seqs, rows)
+    if args.csv:
+        write_csv(args.csv, results)
+    if args.plot:
+        plot(args.plot, results, rows)
+
+
+def measure_all(args, seqs, rows):
     work = args.workdir or tempfile.mkdtemp(prefix="tightfit-peers-")
     torch_env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
     results = []
@@ -214,20 +231,21 @@ def main():
         for row in rows:
             if row.startswith("torch-"):
                 cmd = [sys.executable, os.path.abspath(__file__), "--torch-row", row[6:], directory]
-                out, err, status, rss = measured(cmd, torch_env)
+                out, err, status, rss, cpu = measured(cmd, torch_env)
             else:
                 cmd = [args.tightfit, "grad", "--model", directory, "--batch",
                        os.path.join(directory, "batch.safetensors"), "--objective", "sft",
                        "--schedule", row, "--chunk", args.chunk, "--dtype", "f32"]
-                out, err, status, rss = measured(cmd)
+                out, err, status, rss, cpu = measured(cmd)
             line = out.strip().splitlines()[-1] if out.strip() else "{}"
             report = json.loads(line) if status == 0 else {"error": err.strip().splitlines()[-1:] or status}
             if "blas" in report:
                 blas = report["blas"]
+            ok = "error" not in report
             results.append(dict(T=seq, row=row, seconds=report.get("seconds"), loss=report.get("loss"),
-                                rss=rss if "error" not in report else None, error=report.get("error")))
+                                rss=rss if ok else None, cpu=cpu if ok else None, error=report.get("error")))
             r = results[-1]
-            print(f"T {seq:6d} {row:17s} " + (f"{r['seconds']:8.2f} s  {rss / 2**20:8.0f} MiB  loss {r['loss']:.6f}"
+            print(f"T {seq:6d} {row:17s} " + (f"{r['seconds']:8.2f} s  {cpu:8.2f} CPU-s  {rss / 2**20:8.0f} MiB  loss {r['loss']:.6f}"
                                              if r["seconds"] is not None else f"{r['error']}"), flush=True)
     # Losses agree?
     for seq in seqs:
@@ -235,6 +253,10 @@ def main():
         if losses and max(losses) - min(losses) > 1e-4 * max(abs(x) for x in losses):
             raise SystemExit(f"T {seq}: the losses differ beyond 1e-4: {losses}")
     print(f"\nPyTorch BLAS: {blas}")
+    return results
+
+
+def print_table(results, seqs, rows):
     print("\n| T | " + " | ".join(rows) + " | stream / torch-checkpoint (time, RSS) |")
     print("|---:|" + "---:|" * (len(rows) + 1))
     for seq in seqs:
@@ -246,29 +268,45 @@ def main():
         s, c = by.get("stream"), by.get("torch-checkpoint")
         ratio = (f"{s['seconds'] / c['seconds']:.2f}x, {s['rss'] / c['rss']:.3f}x"
                  if s and c and s["seconds"] and c["seconds"] else "-")
+        if ratio != "-" and s.get("cpu") and c.get("cpu"):
+            ratio += f" (process CPU-s {s['cpu']:.0f} / {c['cpu']:.0f} = {s['cpu'] / c['cpu']:.2f}x)"
         print(f"| {seq} | " + " | ".join(cells) + f" | {ratio} |")
-    if args.csv:
-        with open(args.csv, "w") as out:
-            out.write("T,row,seconds,peak_rss_bytes,loss,error\n")
-            for r in results:
-                out.write(f"{r['T']},{r['row']},{r['seconds'] or ''},{r['rss'] or ''},{r['loss'] or ''},{r['error'] or ''}\n")
-    if args.plot:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-        for row in rows:
-            pts = [(r["T"], r["seconds"], r["rss"]) for r in results if r["row"] == row and r["seconds"]]
-            if not pts:
-                continue
-            a1.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=row)
-            a2.plot([p[0] for p in pts], [p[2] / 2**30 for p in pts], marker="o", label=row)
-        a1.set(xlabel="T (tokens)", ylabel="seconds per step", xscale="log", yscale="log", title="time")
-        a2.set(xlabel="T (tokens)", ylabel="peak RSS (GiB)", xscale="log", yscale="log", title="memory")
-        a1.legend()
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=100)
 
+
+def write_csv(path, results):
+    with open(path, "w") as out:
+        out.write("T,row,seconds,peak_rss_bytes,loss,error,cpu_seconds\n")
+        for r in results:
+            out.write(f"{r['T']},{r['row']},{r['seconds'] or ''},{r['rss'] or ''},{r['loss'] or ''},{r['error'] or ''},"
+                      f"{r.get('cpu') or ''}\n")
+
+
+def read_csv(path):
+    import csv
+    number = lambda text, kind: kind(text) if text else None
+    with open(path) as f:
+        return [dict(T=int(r["T"]), row=r["row"], seconds=number(r["seconds"], float),
+                     rss=number(r["peak_rss_bytes"], int), loss=number(r["loss"], float), error=r["error"] or None,
+                     cpu=number(r.get("cpu_seconds"), float))
+                for r in csv.DictReader(f)]
+
+
+def plot(path, results, rows):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    for row in rows:
+        pts = sorted((r["T"], r["seconds"], r["rss"]) for r in results if r["row"] == row and r["seconds"])
+        if not pts:
+            continue
+        a1.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=row)
+        a2.plot([p[0] for p in pts], [p[2] / 2**30 for p in pts], marker="o", label=row)
+    a1.set(xlabel="T (tokens)", ylabel="seconds per step", xscale="log", yscale="log", title="time")
+    a2.set(xlabel="T (tokens)", ylabel="peak RSS (GiB)", xscale="log", yscale="log", title="memory")
+    a1.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 if __name__ == "__main__":
     main()
