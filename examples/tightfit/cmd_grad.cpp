@@ -3,6 +3,7 @@
 // Under mpirun, --parallel data splits the batch's rows (DPO: its pairs) over the ranks and
 // --parallel sequence the positions of every row (dist/sequence_parallel.hpp); the gradients
 // are those of one process on the whole batch, and rank 0 alone prints and writes.
+// --device cuda runs the step on one GPU (device_cuda.hpp; a -DTIGHTFIT_WITH_CUDA=ON build).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -19,6 +20,9 @@
 #include "checks.hpp"
 #include "commands.hpp"
 #include "mpi_launch.hpp"
+#if defined(TIGHTFIT_CLI_CUDA)
+#include "device_cuda.hpp"
+#endif
 #include "tightfit/backend/eigen.hpp"
 #include "tightfit/dist/data_parallel.hpp"
 #include "tightfit/dist/self_communicator.hpp"
@@ -42,7 +46,8 @@ constexpr long long max_count = 1LL << 40;
 constexpr const char* grad_usage =
     "usage: tightfit grad --model DIR --batch FILE [--objective sft|grpo|dpo]\n"
     "                     [--schedule full|checkpoint|stream] [--chunk N|auto] [--budget BYTES]\n"
-    "                     [--dtype f32|f64] [--out FILE] [--head-chunk ROWS] [--temperature T]\n"
+    "                     [--device cpu|cuda] [--dtype f32|f64|bf16] [--out FILE]\n"
+    "                     [--head-chunk ROWS] [--temperature T]\n"
     "                     [--beta B] [--epsilon-low E] [--epsilon-high E] [--loss-type NAME]\n"
     "                     [--max-completion-length L] [--importance-sampling-level "
     "token|sequence]\n"
@@ -86,7 +91,12 @@ constexpr const char* grad_usage =
     "  silent; peak_activation_bytes is the largest rank's. Packed batches (position_ids):\n"
     "  --parallel data splits the rows, each rank taking the documents of its rows (dpo: the\n"
     "  chosen rows, and the rejected rows of their pairs, which must break where the chosen\n"
-    "  rows do); --parallel sequence runs packed sft only.\n";
+    "  rows do); --parallel sequence runs packed sft only.\n"
+    "  --device cuda runs the step on the first visible GPU (CUDA_VISIBLE_DEVICES selects it)\n"
+    "  in --dtype f32 or bf16 (bf16 storage, fp32 accumulation); the weights are loaded on the\n"
+    "  host and copied over, the gradients come back in float; one process (no --parallel).\n"
+    "  It needs a tightfit built with -DTIGHTFIT_WITH_CUDA=ON. --device cpu (the default) runs\n"
+    "  --dtype f32 or f64.\n";
 
 /// A comma-separated list of token ids (--eos-token-id 2 or 2,151645), each in [0, 2^31).
 std::vector<token_id> parse_token_ids(const std::string& key, const std::string& text) {
@@ -115,6 +125,8 @@ template <class T, template <class> class Layer, class Comm>
 int run_grad_with(const arguments& a, const model_config& cfg, Comm& comm) {
   constexpr bool distributed = !std::is_same_v<Comm, self_communicator>;
   const std::string parallel = a.get("--parallel", "");
+  const bool cuda = a.get("--device", "cpu") == "cuda";
+  const std::string dtype = a.get("--dtype", "f32");
   using backend = eigen_backend<T>;
   const std::filesystem::path model_dir = a.get("--model");
   // Sizes before allocation: config.json against the checkpoint, weights + gradients
@@ -217,13 +229,43 @@ int run_grad_with(const arguments& a, const model_config& cfg, Comm& comm) {
   } else {
     opt.chunk = a.integer("--chunk", 512, 1, max_count);
   }
-  check_activations_fit<T>(batch_file.source(), false, cfg, b, t, opt);
+  // on the GPU the activations live in device memory (an allocation there that fails is an error)
+  if (!cuda) check_activations_fit<T>(batch_file.source(), false, cfg, b, t, opt);
 
   sequence_assignment assignment = sequence_assignment::zigzag;
   if (a.has("--assignment")) assignment = parse_sequence_assignment(a.get("--assignment"));
+#if defined(TIGHTFIT_CLI_CUDA)
+  double gpu_seconds = 0;  // --device cuda: forward + backward on the device, and its name
+  std::string gpu_name;
+#endif
   // The gradients of the whole batch: in one process, or over the ranks. whole: the objective
-  // of the whole batch; mine: that of this rank's rows (data parallel).
+  // of the whole batch; mine: that of this rank's rows (data parallel); --device cuda: on the
+  // GPU from the host model's weights, the gradients written back into the host model.
   auto gradients = [&](auto& whole, auto& mine) -> backward_result {
+#if defined(TIGHTFIT_CLI_CUDA)
+    if constexpr (std::is_same_v<T, float> && !distributed) {
+      if (cuda) {
+        // the host model's weights and gradient spans, in its parameter order
+        cuda_grad_job job;
+        job.config = cfg;
+        job.dtype = dtype == "bf16" ? cuda_dtype::bf16 : cuda_dtype::f32;
+        job.batch = batch;
+        job.options = opt;
+        auto& p = model.parameters();
+        for (std::size_t i = 0; i < p.size(); ++i) {
+          if (!p.has_grad(i)) p.allocate_grad(i);
+          job.parameters.push_back({p.name(i), p.value(i), p.grad(i)});
+        }
+        const cuda_grad_result r = cuda_gradients(job, whole);
+        for (std::size_t i = 0; i < p.size(); ++i)
+          if (!job.parameters[i].computed) p.release_grad(i);
+        gpu_seconds = r.seconds;
+        gpu_name = r.device_name;
+        return r.result;
+      }
+    }
+#endif
+    check(!cuda, "--device cuda: this tightfit was built without CUDA");
     if constexpr (distributed) {
       if (parallel == "sequence") {
         if constexpr (SequenceParallelLayer<Layer<backend>, backend>)
@@ -290,8 +332,10 @@ int run_grad_with(const arguments& a, const model_config& cfg, Comm& comm) {
   } else {
     throw usage_error{"--objective expects sft, grpo or dpo, got '" + objective + "'"};
   }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+#if defined(TIGHTFIT_CLI_CUDA)
+  if (cuda) seconds = gpu_seconds;  // forward + backward on the device, without the copies
+#endif
   // Non-finite policy: nothing non-finite is written.
   check(std::isfinite(result.loss), "step 1: the loss is ", result.loss,
         " (not finite); nothing written");
@@ -307,7 +351,13 @@ int run_grad_with(const arguments& a, const model_config& cfg, Comm& comm) {
   out["schedule"] = to_string(opt.sched);
   out["chunk"] = result.chunk;
   out["keep_every"] = opt.keep_every;
-  out["dtype"] = sizeof(T) == 8 ? "f64" : "f32";
+  out["dtype"] = cuda ? dtype : sizeof(T) == 8 ? "f64" : "f32";
+#if defined(TIGHTFIT_CLI_CUDA)
+  if (cuda) {
+    out["device"] = "cuda";
+    out["device_name"] = gpu_name;
+  }
+#endif
   out["batch"] = b;
   out["seq_len"] = t;
   out["peak_activation_bytes"] = static_cast<std::size_t>(peak);
@@ -341,9 +391,20 @@ void check_grad_arguments(const arguments& a) {
   const std::string objective = a.get("--objective", "sft");
   if (objective != "sft" && objective != "grpo" && objective != "dpo")
     throw usage_error{"--objective expects sft, grpo or dpo, got '" + objective + "'"};
+  const std::string device = a.get("--device", "cpu");
+  if (device != "cpu" && device != "cuda")
+    throw usage_error{"--device expects cpu or cuda, got '" + device + "'"};
   const std::string dtype = a.get("--dtype", "f32");
-  if (dtype != "f32" && dtype != "f64")
-    throw usage_error{"--dtype expects f32 or f64, got '" + dtype + "'"};
+  if (dtype != "f32" && dtype != "f64" && dtype != "bf16")
+    throw usage_error{"--dtype expects f32, f64 (--device cpu) or bf16 (--device cuda), got '" +
+                      dtype + "'"};
+  if (device == "cpu" && dtype == "bf16")
+    throw usage_error{"--dtype bf16 needs --device cuda (the CPU backends run f32 or f64)"};
+  if (device == "cuda" && dtype == "f64")
+    throw usage_error{"--dtype f64 is not available with --device cuda (f32 or bf16)"};
+  if (device == "cuda" && a.has("--parallel"))
+    throw usage_error{"--parallel " + a.get("--parallel") +
+                      " runs on the CPU only; --device cuda runs one process on one GPU"};
   try {
     const auto sched = parse_backward_schedule(a.get("--schedule", "stream"));
     if (a.has("--loss-type")) {
@@ -423,6 +484,7 @@ int grad(int argc, char** argv) {
                          "--chunk",
                          "--budget",
                          "--dtype",
+                         "--device",
                          "--out",
                          "--head-chunk",
                          "--temperature",
@@ -447,6 +509,17 @@ int grad(int argc, char** argv) {
                             throw;
                           }
                           const std::string dtype = a.get("--dtype", "f32");
+                          if (a.get("--device", "cpu") == "cuda") {
+#if defined(TIGHTFIT_CLI_CUDA)
+                            require_cuda_device(0);  // before any file is read
+#else
+                            fail("--device cuda: this tightfit was built without CUDA; "
+                                 "rebuild it with -DTIGHTFIT_WITH_CUDA=ON (needs the CUDA "
+                                 "toolkit: nvcc, cuBLAS)");
+#endif
+                            self_communicator self;
+                            return run_grad<float>(a, self);  // bf16: float on the host
+                          }
                           if (a.has("--parallel"))
                             return run_under_mpi("grad", [&](auto& comm) {
                               return dtype == "f64" ? run_grad<double>(a, comm)

@@ -59,6 +59,8 @@ void train_usage(std::FILE* out) {
       "                       (--assignment zigzag|contiguous, default zigzag); adam, adamw,\n"
       "                       sgd (ZeRO-1) and badam; --sched stream or checkpoint\n"
       "  --dtype f32|f64      value type of weights, gradients and state (default f32)\n"
+      "  --device cpu         where to train (default cpu; cuda: not yet, `tightfit grad\n"
+      "                       --device cuda` runs one gradient step on a GPU)\n"
       "  --lr X               learning rate of the update rule (default 1e-3; sgd 1e-2)\n"
       "  --schedule S         constant | warmup:W | cosine | cosine:W (default constant)\n"
       "  --total-steps N      the schedule's horizon (default: steps already done + --steps;\n"
@@ -110,7 +112,8 @@ model_config train_preset(const std::string& name) {
 struct args {
   std::string model, preset, data, optimizer,
       schedule = "constant", order = "random", start_block, log, save_state, resume, save_model,
-      sched = "stream", scope = "partial", parallel, assignment, dtype = "f32", adapter, merge_out;
+      sched = "stream", scope = "partial", parallel, assignment, dtype = "f32", device = "cpu",
+      adapter, merge_out;
   std::optional<index_t> lora_rank;
   std::optional<double> lora_alpha, lora_dropout;
   std::optional<std::string> target_modules;
@@ -173,8 +176,14 @@ void validate(const args& a) {
   if (a.scope != "partial" && a.scope != "all")
     throw usage_error{"--bread-scope is '" + a.scope + "', expected partial or all"};
   check(a.clip >= 0, "--clip is ", a.clip, ", expected >= 0 (0: off)");
+  if (a.device == "cuda")
+    throw usage_error{
+        "--device cuda: train does not run on the GPU yet (only `tightfit grad "
+        "--device cuda` does; docs/cuda.md)"};
+  if (a.device != "cpu") throw usage_error{"--device is '" + a.device + "', expected cpu"};
   if (a.dtype != "f32" && a.dtype != "f64")
-    throw usage_error{"--dtype is '" + a.dtype + "', expected f32 or f64"};
+    throw usage_error{"--dtype is '" + a.dtype + "', expected f32 or f64" +
+                      (a.dtype == "bf16" ? " (bf16 training on the GPU is not done yet)" : "")};
   if (!a.parallel.empty() && a.parallel != "data" && a.parallel != "sequence")
     throw usage_error{"--parallel is '" + a.parallel + "', expected data or sequence"};
 #if !defined(TIGHTFIT_HAS_MPI)
@@ -406,6 +415,8 @@ int train(int argc, char** argv) {
         a.assignment = value();
       } else if (f == "--dtype") {
         a.dtype = value();
+      } else if (f == "--device") {
+        a.device = value();
       } else if (f == "--adapter") {
         a.adapter = value();
       } else if (f == "--merge-out") {

@@ -161,6 +161,56 @@ TEST_CASE("grad: bad input exits 1 with one line naming the problem") {
   CHECK(r.err.find("is -7") != std::string::npos);
 }
 
+TEST_CASE("--device and --dtype: bad values are argument errors naming them") {
+  const struct {
+    const char* args;
+    const char* named;
+  } cases[] = {
+      {"grad --model x --batch y --device tpu", "'tpu'"},
+      {"grad --model x --batch y --dtype f16", "'f16'"},
+      {"grad --model x --batch y --device cuda --dtype f16", "'f16'"},
+      {"grad --model x --batch y --dtype bf16", "--dtype bf16 needs --device cuda"},
+      {"grad --model x --batch y --device cpu --dtype bf16", "--dtype bf16 needs --device cuda"},
+      {"grad --model x --batch y --device cuda --dtype f64", "--dtype f64"},
+      {"grad --model x --batch y --device cuda --parallel data", "--parallel data"},
+      {"train --preset tiny --data x --optimizer adam --device cuda", "--device cuda: train"},
+      {"train --preset tiny --data x --optimizer adam --device tpu", "'tpu'"},
+      {"train --preset tiny --data x --optimizer adam --dtype bf16", "'bf16'"},
+      {"bench stream --device cuda", "bench/cuda/bench_cuda"},
+      {"bench stream --device tpu", "'tpu'"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.args);
+    const auto r = run(c.args);
+    CHECK(r.code == 2);
+    CHECK(r.out.empty());
+    CHECK(r.err.find(c.named) != std::string::npos);
+  }
+}
+
+// Without the CUDA build the tool says how to get it; with it (TIGHTFIT_CLI_CUDA, also in
+// tests/cli/test_cli_cuda.cpp) and no visible device, the backend's "no CUDA device" error.
+// Either way exit 1, one line, nothing on stdout, before any file is read or written.
+TEST_CASE("grad --device cuda without a CUDA build or a device: exit 1 naming the reason") {
+  fixture f;
+  const std::vector<std::int64_t> ids = {1, 2, 3, 4}, labels = {1, 2, 3, 4};
+  const auto batch = f.batch(ids, labels, 1, 4, "device_batch.safetensors");
+  const auto out = f.dir / "device_grads.safetensors";
+  const auto r = cli_testing::run_with(
+      "CUDA_VISIBLE_DEVICES= ", "grad --device cuda --model '" + f.dir.string() + "' --batch '" +
+                                    batch.string() + "' --out '" + out.string() + "'");
+  CHECK(r.code == 1);
+  CHECK(r.out.empty());
+  CHECK(cli_testing::problem_lines(r.err).size() == 1);
+#if defined(TIGHTFIT_CLI_CUDA)
+  CHECK(r.err.find("--device cuda: no CUDA device is available") != std::string::npos);
+#else
+  CHECK(r.err.find("--device cuda: this tightfit was built without CUDA") != std::string::npos);
+  CHECK(r.err.find("-DTIGHTFIT_WITH_CUDA=ON") != std::string::npos);
+#endif
+  CHECK(!fs::exists(out));
+}
+
 TEST_CASE("logprobs: forward-only log-probs that grad reads back without renaming") {
   fixture f;
   const index_t p = 2, t = 6;

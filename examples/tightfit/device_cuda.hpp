@@ -1,0 +1,62 @@
+// The tool's CUDA path behind a host-only interface (no CUDA, no Eigen header): cmd_grad.cpp
+// (host compiler) loads the model on the host in float and fills a cuda_grad_job; device_cuda.cu
+// (nvcc, linked only in a -DTIGHTFIT_WITH_CUDA=ON build, which defines TIGHTFIT_CLI_CUDA) copies
+// the weights to cuda_backend<float> or cuda_backend<__nv_bfloat16> (bf16: rounded on upload),
+// runs the same compute_gradients, and writes every gradient back into the host model's
+// gradient spans in float, so the CPU path's checks, --out file and JSON line follow unchanged.
+// Invariant: the job's parameters are the host model's, in its order, with the names and sizes
+// the device model of the same config has (checked; a mismatch is a tightfit::error).
+#pragma once
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tightfit/loss/dpo.hpp"
+#include "tightfit/loss/grpo.hpp"
+#include "tightfit/loss/sft.hpp"
+#include "tightfit/nn/config.hpp"
+#include "tightfit/stream/backward.hpp"
+
+namespace tightfit::cli {
+
+/// Storage of the device tensors: float, or bf16 with fp32 accumulation.
+enum class cuda_dtype { f32, bf16 };
+
+/// One parameter of the host model: values (numel) and its gradient (numel, or empty when the
+/// host holds none; the device fills it and sets `computed` when the device computed one).
+struct host_tensor {
+  std::string name;
+  std::span<const float> value;
+  std::span<float> grad;
+  bool computed = false;
+};
+
+/// One gradient step on the GPU.
+struct cuda_grad_job {
+  model_config config;
+  cuda_dtype dtype = cuda_dtype::f32;
+  int device = 0;                       ///< CUDA ordinal (CUDA_VISIBLE_DEVICES applies)
+  std::vector<host_tensor> parameters;  ///< the host model's, in its parameter order
+  token_batch batch;                    ///< host spans (the backend copies ids per call)
+  backward_options options;
+};
+
+/// What the step measured on the device (peaks from cuda_backend's memory counter; seconds:
+/// forward + backward, synchronised, without the weight upload and gradient download).
+struct cuda_grad_result {
+  backward_result result;
+  double seconds = 0;
+  std::string device_name;
+};
+
+/// Throws tightfit::error naming --device cuda unless CUDA device `device` exists (no
+/// device, no driver, CUDA_VISIBLE_DEVICES hiding them all).
+void require_cuda_device(int device);
+
+/// The gradients of `job` under `loss` on the GPU (device_cuda.cu).
+cuda_grad_result cuda_gradients(cuda_grad_job& job, sft_loss& loss);
+cuda_grad_result cuda_gradients(cuda_grad_job& job, grpo_loss& loss);
+cuda_grad_result cuda_gradients(cuda_grad_job& job, dpo_loss& loss);
+
+}  // namespace tightfit::cli

@@ -1,0 +1,151 @@
+// `tightfit grad --device cuda` end to end, in a -DTIGHTFIT_WITH_CUDA=ON build (host compiler;
+// the device count comes from the CUDA runtime's C API). Two suites:
+//  - "cli_cuda_host" (ctest cli_cuda, runs without a GPU): with no visible device the tool exits
+//    1 with the backend's one-line "no CUDA device" error, before writing anything;
+//  - "cli_cuda_gpu" (ctest cli_cuda_gpu, label gpu): the CPU tool (--dtype f64) and the GPU tool
+//    on the same random model and padded batch, for full and stream: the JSON lines carry the
+//    same keys, and the losses and every gradient in the --out files agree, f32 to 1e-4 and
+//    bf16 to 2e-2 relative (max abs difference / max abs CPU value, per tensor). Without a
+//    device it prints one line and passes.
+#include <cuda_runtime_api.h>
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli_testing.hpp"
+#include "tightfit/backend/reference.hpp"
+#include "tightfit/io/safetensors.hpp"
+#include "tightfit/nn/hf_model.hpp"
+#include "tightfit/nn/model.hpp"
+
+using namespace tightfit;
+namespace fs = std::filesystem;
+using cli_testing::q;
+using cli_testing::run;
+
+namespace {
+
+bool have_device() {
+  static const bool yes = [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+    if (n == 0)
+      std::printf(
+          "test_cli_cuda: no CUDA device: tightfit grad --device cuda is not compared "
+          "with the CPU (it needs one GPU)\n");
+    return n > 0;
+  }();
+  return yes;
+}
+
+/// A random model directory (GQA 8/2 heads of 16, q/k-norm, untied) and a padded sft batch.
+struct fixture {
+  fs::path dir = cli_testing::scratch("cuda_model");
+  model_config cfg;
+  fs::path batch = dir / "batch.safetensors";
+  fixture() {
+    cfg.architecture = "Qwen3ForCausalLM";
+    cfg.vocab_size = 301;
+    cfg.hidden_size = 64;
+    cfg.intermediate_size = 96;
+    cfg.num_hidden_layers = 2;
+    cfg.num_attention_heads = 8;
+    cfg.num_key_value_heads = 2;
+    cfg.head_dim = 16;
+    cfg.rms_norm_eps = 1e-6;
+    cfg.rope_theta = 10000;
+    cfg.qk_norm = true;
+    reference_backend<double> be;
+    decoder_model<reference_backend<double>> model(be, cfg);
+    model.init_random(7, 0.3, 0.2);
+    save_hf_config(cfg, dir / "config.json");
+    save_hf_weights(dir / "model.safetensors", model.parameters());
+    const index_t b = 2, t = 75;
+    std::vector<std::int64_t> ids, labels, mask;
+    for (index_t i = 0; i < b * t; ++i) {
+      const index_t r = i / t, k = i % t;
+      ids.push_back((i * 37 + 11) % cfg.vocab_size);
+      mask.push_back(r == 1 && k >= 48 ? 0 : 1);  // row 1: 48 tokens, right padding
+      labels.push_back(k % 5 == 0 ? -100 : ids.back());
+    }
+    safetensors_writer w;
+    w.add("input_ids", {b, t}, std::span<const std::int64_t>(ids));
+    w.add("labels", {b, t}, std::span<const std::int64_t>(labels));
+    w.add("attention_mask", {b, t}, std::span<const std::int64_t>(mask));
+    w.write(batch);
+  }
+  /// Runs grad; returns its JSON line (REQUIREs exit 0) and writes the gradients to `out`.
+  nlohmann::json grad(const std::string& options, const fs::path& out) const {
+    const auto r =
+        run("grad --model " + q(dir) + " --batch " + q(batch) + " --out " + q(out) + " " + options);
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+    return nlohmann::json::parse(r.out);
+  }
+};
+
+/// max |a - b| / max |b|.
+double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
+  REQUIRE(a.size() == b.size());
+  double num = 0, den = 1e-30;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::abs(a[i] - b[i]));
+    den = std::max(den, std::abs(b[i]));
+  }
+  return num / den;
+}
+
+}  // namespace
+
+TEST_SUITE("cli_cuda_host") {
+  TEST_CASE("grad --device cuda with no visible device: exit 1, the backend's error, no output") {
+    fixture f;
+    const auto out = f.dir / "none.safetensors";
+    const auto r = cli_testing::run_with(
+        "CUDA_VISIBLE_DEVICES= ",
+        "grad --device cuda --model " + q(f.dir) + " --batch " + q(f.batch) + " --out " + q(out));
+    CHECK(r.code == 1);
+    CHECK(r.out.empty());
+    CHECK(cli_testing::problem_lines(r.err).size() == 1);
+    CHECK(r.err.find("--device cuda: no CUDA device is available") != std::string::npos);
+    CHECK(!fs::exists(out));
+  }
+}
+
+TEST_SUITE("cli_cuda_gpu") {
+  TEST_CASE("grad --device cuda equals the CPU tool: f32 to 1e-4, bf16 to 2e-2") {
+    if (!have_device()) return;
+    fixture f;
+    for (const std::string sched : {"full", "stream"}) {
+      CAPTURE(sched);
+      const std::string common = "--schedule " + sched + (sched == "stream" ? " --chunk 16" : "");
+      const auto cpu_file = f.dir / ("cpu_" + sched + ".safetensors");
+      const auto cpu = f.grad(common + " --dtype f64", cpu_file);
+      const auto cpu_grads = safetensors_file::open(cpu_file);
+      for (const auto& [dtype, tol] : {std::pair{"f32", 1e-4}, std::pair{"bf16", 2e-2}}) {
+        CAPTURE(dtype);
+        const auto gpu_file = f.dir / ("gpu_" + sched + "_" + dtype + ".safetensors");
+        const auto gpu = f.grad(common + " --device cuda --dtype " + dtype, gpu_file);
+        for (const auto& [key, value] : cpu.items()) {
+          CAPTURE(key);
+          CHECK(gpu.contains(key));  // the same JSON line, plus device and device_name
+        }
+        CHECK(gpu["device"] == "cuda");
+        CHECK(gpu["dtype"] == dtype);
+        CHECK(gpu["schedule"] == sched);
+        const double want = cpu["loss"].get<double>();
+        CHECK(std::abs(gpu["loss"].get<double>() - want) <= tol * std::abs(want));
+        const auto gpu_grads = safetensors_file::open(gpu_file);
+        CHECK(gpu_grads.names() == cpu_grads.names());
+        for (const auto& name : cpu_grads.names()) {
+          CAPTURE(name);
+          CHECK(rel_err(gpu_grads.read<double>(name), cpu_grads.read<double>(name)) < tol);
+        }
+      }
+    }
+  }
+}

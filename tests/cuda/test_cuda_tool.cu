@@ -1,0 +1,194 @@
+// The tool's GPU step (examples/tightfit/device_cuda.cu, behind `tightfit grad --device cuda`)
+// against reference_backend<double>'s full backprop, in test_cuda (so scripts/gpu-check runs it
+// on a bare GPU machine, where the tool itself, which needs Eigen, oneTBB and nlohmann/json,
+// cannot be built). Suite "cuda_host": require_cuda_device's error without a device. Suite
+// "gpu": cuda_gradients on float weights handed over as the tool does (host spans, names in
+// the model's order) for sft, grpo and dpo, stream and full, f32 to 1e-4 and bf16 to 2e-2
+// relative (max abs error / max abs reference, per tensor), and a parameter list that does not
+// match the model is an error naming the parameter.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "device_cuda.hpp"
+#include "tightfit/backend/cuda.hpp"
+#include "tightfit/backend/reference.hpp"
+
+using namespace tightfit;
+
+namespace {
+
+bool tool_device() {
+  static const bool yes = [] {
+    const bool d = cuda_backend<float>::device_count() > 0;
+    if (!d)
+      std::printf(
+          "test_cuda: no CUDA device: the tool's GPU step is not compared (it needs one "
+          "GPU)\n");
+    return d;
+  }();
+  return yes;
+}
+
+double max_rel(const std::vector<double>& a, const std::vector<double>& b) {
+  REQUIRE(a.size() == b.size());
+  double num = 0, den = 1e-30;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::abs(a[i] - b[i]));
+    den = std::max(den, std::abs(b[i]));
+  }
+  return num / den;
+}
+
+model_config tool_config() {
+  model_config cfg;
+  cfg.vocab_size = 211;
+  cfg.hidden_size = 64;
+  cfg.intermediate_size = 96;
+  cfg.num_hidden_layers = 2;
+  cfg.num_attention_heads = 8;
+  cfg.num_key_value_heads = 2;
+  cfg.head_dim = 16;
+  cfg.rms_norm_eps = 1e-6;
+  cfg.rope_theta = 10000;
+  cfg.qk_norm = true;
+  return cfg;
+}
+
+}  // namespace
+
+TEST_SUITE("cuda_host") {
+  TEST_CASE("the tool's require_cuda_device names --device cuda when there is no device") {
+    if (cuda_backend<float>::device_count() > 0) {
+      CHECK_THROWS_WITH_AS(cli::require_cuda_device(cuda_backend<float>::device_count()),
+                           doctest::Contains("does not exist"), tightfit::error);
+      return;
+    }
+    CHECK_THROWS_WITH_AS(cli::require_cuda_device(0),
+                         doctest::Contains("--device cuda: no CUDA device is available"),
+                         tightfit::error);
+    cli::cuda_grad_job job;
+    job.config = tool_config();
+    sft_loss loss;
+    CHECK_THROWS_WITH_AS(cli::cuda_gradients(job, loss),
+                         doctest::Contains("no CUDA device is available"), tightfit::error);
+  }
+}
+
+TEST_SUITE("gpu") {
+  TEST_CASE("the tool's GPU step equals the reference backend (sft, grpo, dpo; f32, bf16)") {
+    if (!tool_device()) return;
+    const model_config cfg = tool_config();
+    const index_t b = 4, t = 40;
+    std::vector<token_id> ids(static_cast<std::size_t>(b * t)), targets(ids.size());
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      ids[i] = static_cast<token_id>((i * 37 + 5) % static_cast<std::size_t>(cfg.vocab_size));
+      targets[i] = i % 7 == 0 ? ignore_index : static_cast<token_id>((i * 11 + 3) % 211);
+    }
+    const std::vector<index_t> lengths{40, 33, 40, 21};
+    const token_batch batch{b, t, ids, targets, lengths};
+    const std::vector<double> adv{0.5, -1.0, 1.5, -0.25};
+    const std::vector<index_t> chosen{0, 1}, rejected{2, 3};
+    const std::vector<double> ref_w{-300.0, -250.0}, ref_l{-310.0, -240.0};
+    // the reference model: float weights (what the tool loads), held in double
+    reference_backend<double> rb;
+    decoder_model<reference_backend<double>> ref(rb, cfg);
+    ref.init_random(11, 0.3, 0.2);
+    auto& rp = ref.parameters();
+    std::vector<std::vector<float>> host(rp.size());
+    for (std::size_t i = 0; i < rp.size(); ++i)
+      for (double& v : rp.value(i)) {
+        v = static_cast<double>(static_cast<float>(v));
+        host[i].push_back(static_cast<float>(v));
+      }
+    const struct {
+      const char* name;
+      std::function<backward_result(decoder_model<reference_backend<double>>&,
+                                    const backward_options&)>
+          on_reference;
+      std::function<cli::cuda_grad_result(cli::cuda_grad_job&)> on_gpu;
+    } objectives[] = {
+        {"sft",
+         [&](auto& m, const backward_options& o) {
+           sft_loss l;
+           return compute_gradients(m, batch, l, o);
+         },
+         [&](cli::cuda_grad_job& j) {
+           sft_loss l;
+           return cli::cuda_gradients(j, l);
+         }},
+        {"grpo",
+         [&](auto& m, const backward_options& o) {
+           grpo_loss l(adv, {}, {});
+           return compute_gradients(m, batch, l, o);
+         },
+         [&](cli::cuda_grad_job& j) {
+           grpo_loss l(adv, {}, {});
+           return cli::cuda_gradients(j, l);
+         }},
+        {"dpo",
+         [&](auto& m, const backward_options& o) {
+           dpo_loss l(chosen, rejected, ref_w, ref_l);
+           return compute_gradients(m, batch, l, o);
+         },
+         [&](cli::cuda_grad_job& j) {
+           dpo_loss l(chosen, rejected, ref_w, ref_l);
+           return cli::cuda_gradients(j, l);
+         }},
+    };
+    for (const auto& obj : objectives) {
+      CAPTURE(obj.name);
+      backward_options full;
+      full.sched = backward_schedule::full;
+      rp.zero_grads();  // gradients accumulate over calls
+      const double want_loss = obj.on_reference(ref, full).loss;
+      std::vector<std::vector<double>> want(rp.size());
+      for (std::size_t i = 0; i < rp.size(); ++i)
+        if (rp.has_grad(i)) want[i].assign(rp.grad(i).begin(), rp.grad(i).end());
+      for (const auto sched : {backward_schedule::full, backward_schedule::stream})
+        for (const auto dtype : {cli::cuda_dtype::f32, cli::cuda_dtype::bf16}) {
+          const double tol = dtype == cli::cuda_dtype::f32 ? 1e-4 : 2e-2;
+          const std::string what =
+              std::string(to_string(sched)) + (dtype == cli::cuda_dtype::f32 ? " f32" : " bf16");
+          CAPTURE(what);
+          std::vector<std::vector<float>> grads(rp.size());
+          cli::cuda_grad_job job;
+          job.config = cfg;
+          job.dtype = dtype;
+          job.batch = batch;
+          job.options.sched = sched;
+          job.options.chunk = sched == backward_schedule::stream ? 13 : t;
+          for (std::size_t i = 0; i < rp.size(); ++i) {
+            grads[i].assign(host[i].size(), std::nanf(""));
+            job.parameters.push_back({rp.name(i), host[i], grads[i]});
+          }
+          const auto got = obj.on_gpu(job);
+          CHECK(std::abs(got.result.loss - want_loss) <= tol * std::abs(want_loss));
+          CHECK(got.result.peak_bytes > 0);
+          for (std::size_t i = 0; i < rp.size(); ++i) {
+            CAPTURE(rp.name(i));
+            CHECK(job.parameters[i].computed == rp.has_grad(i));
+            if (!job.parameters[i].computed) continue;
+            CHECK(max_rel(std::vector<double>(grads[i].begin(), grads[i].end()), want[i]) < tol);
+          }
+        }
+    }
+    // the tool hands over the host model's parameters: another list is refused by name
+    cli::cuda_grad_job job;
+    job.config = cfg;
+    job.batch = batch;
+    std::vector<std::vector<float>> grads(rp.size());
+    for (std::size_t i = 0; i < rp.size(); ++i) {
+      grads[i].resize(host[i].size());
+      job.parameters.push_back({rp.name(i), host[i], grads[i]});
+    }
+    job.parameters[1].name = "not.a.parameter";
+    sft_loss l;
+    CHECK_THROWS_WITH_AS(cli::cuda_gradients(job, l), doctest::Contains("'not.a.parameter'"),
+                         tightfit::error);
+  }
+}
