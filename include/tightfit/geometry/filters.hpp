@@ -368,20 +368,25 @@ inline std::vector<char> statistical_inliers(const points& in, int k = 8, double
       std::vector<std::size_t> idx(kk);
       std::vector<double> d2(kk), near;
       for (auto c = static_cast<std::size_t>(c0); c < static_cast<std::size_t>(c1); ++c) {
-        cx.clear(), cy.clear(), cz.clear();
         const std::uint64_t key = grid.key(c);
         const std::uint64_t x = key >> 42, y = (key >> 21) & m, z = key & m;
+        std::size_t around[27], na = 0, total = 0;  // the occupied cells around c
         for (std::uint64_t dx = 0; dx < 3; ++dx)
           for (std::uint64_t dy = 0; dy < 3; ++dy)
             for (std::uint64_t dz = 0; dz < 3; ++dz) {
               const std::size_t n =
                   grid.find(detail::cell_grid::pack(x + dx - 1, y + dy - 1, z + dz - 1));
               if (n == grid.cells()) continue;
-              for (std::size_t b = grid.begin(n); b < grid.end(n); ++b) {
-                const point3& p = in[order[b]];
-                cx.push_back(p.x()), cy.push_back(p.y()), cz.push_back(p.z());
-              }
+              around[na++] = n;
+              total += grid.end(n) - grid.begin(n);
             }
+        cx.resize(total), cy.resize(total), cz.resize(total);
+        std::size_t w = 0;
+        for (std::size_t t = 0; t < na; ++t)
+          for (std::size_t b = grid.begin(around[t]); b < grid.end(around[t]); ++b, ++w) {
+            const point3& p = in[order[b]];
+            cx[w] = p.x(), cy[w] = p.y(), cz[w] = p.z();
+          }
         near.resize(cx.size());
         for (std::size_t a = grid.begin(c); a < grid.end(c); ++a) {
           const std::size_t i = order[a];
@@ -398,8 +403,12 @@ inline std::vector<char> statistical_inliers(const points& in, int k = 8, double
             cnt += r < bound2;
           }
           if (cnt >= kk) {  // the k nearest lie within bound: sorted, nearest first
-            std::partial_sort(near.begin(), near.begin() + static_cast<std::ptrdiff_t>(kk),
-                              near.begin() + static_cast<std::ptrdiff_t>(cnt));
+            for (std::size_t j = 1; j < cnt; ++j) {  // insertion sort: a dozen values
+              const double v = near[j];
+              std::size_t t = j;
+              for (; t > 0 && near[t - 1] > v; --t) near[t] = near[t - 1];
+              near[t] = v;
+            }
             mean[i] = mean_of(near.data(), kk);
           } else {  // the k-th neighbour may lie outside the 27 cells
             const std::size_t n = tree.knn(in[i], kk, idx.data(), d2.data());
