@@ -1,9 +1,11 @@
-// tightfit/geometry/filters.hpp: voxel-grid downsampling, statistical outlier removal and
-// Euclidean clustering (kd-tree radius search), the cleaning steps of MEBB (docs/mebb.md,
-// steps 0 and 1).
+// tightfit/geometry/filters.hpp: voxel-grid downsampling, statistical outlier removal (exact
+// k-NN: a uniform grid, the kd-tree for the queries the grid cannot settle) and Euclidean
+// clustering (the components of the radius graph, through a uniform grid or a kd-tree radius
+// search), the cleaning steps of MEBB (docs/mebb.md, steps 0 and 1).
 //
 // Invariants: every function returns a new cloud (or index list) and leaves its input alone;
-// results are deterministic (no dependence on hash order or thread count).
+// results are deterministic (no dependence on hash order or thread count), and the grid paths
+// give the same results as the kd-tree paths (tests compare both with brute force).
 #pragma once
 
 #include <algorithm>
@@ -281,20 +283,6 @@ class cell_grid {
   const std::vector<std::uint32_t>& order() const { return order_; }
   std::size_t begin(std::size_t c) const { return cell_begin_[c]; }
   std::size_t end(std::size_t c) const { return cell_begin_[c + 1]; }
-  // the indices of the (up to 27) occupied cells around cell c, into out
-  void neighbours(std::size_t c, std::vector<std::size_t>& out) const {
-    out.clear();
-    const std::uint64_t k = cell_keys_[c], m = (1u << 21) - 1;
-    const std::uint64_t x = k >> 42, y = (k >> 21) & m, z = k & m;
-    for (std::uint64_t dx = 0; dx < 3; ++dx)
-      for (std::uint64_t dy = 0; dy < 3; ++dy)
-        for (std::uint64_t dz = 0; dz < 3; ++dz) {
-          const std::uint64_t nk = pack(x + dx - 1, y + dy - 1, z + dz - 1);
-          auto it = std::lower_bound(cell_keys_.begin(), cell_keys_.end(), nk);
-          if (it != cell_keys_.end() && *it == nk)
-            out.push_back(static_cast<std::size_t>(it - cell_keys_.begin()));
-        }
-  }
 
  private:
   double cell_;
