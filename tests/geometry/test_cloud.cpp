@@ -134,6 +134,123 @@ TEST_CASE("Euclidean clusters equal the connected components of the radius graph
   }
 }
 
+TEST_CASE("Euclidean clusters on the grid path: the radius is a strict bound, chains link") {
+  // a lattice of pitch exactly r (r = 0.5 and the coordinates i * r are exact in binary, so no
+  // two points are closer than r: every point its own cluster), then the same lattice at a pitch
+  // a hair below r (one cluster), then two such sheets 1.5 r apart with one bridge point between
+  // them (one cluster) and without it (two)
+  const double r = 0.5;
+  auto sheet = [&](double pitch, double z, tg::points& p) {
+    for (int i = 0; i < 40; ++i)
+      for (int j = 0; j < 40; ++j) p.emplace_back(i * pitch, j * pitch, z);
+  };
+  auto components = [&](const tg::points& p) {  // brute force: union-find over all pairs
+    std::vector<std::size_t> parent(p.size());
+    std::iota(parent.begin(), parent.end(), std::size_t{0});
+    auto find = [&](std::size_t x) {
+      while (parent[x] != x) x = parent[x];
+      return x;
+    };
+    std::size_t n = p.size();
+    for (std::size_t i = 0; i < p.size(); ++i)
+      for (std::size_t j = i + 1; j < p.size(); ++j)
+        if ((p[i] - p[j]).squaredNorm() < r * r && find(i) != find(j))
+          parent[find(i)] = find(j), --n;
+    return n;
+  };
+  tg::points exact;
+  sheet(r, 0, exact);
+  CHECK(components(exact) == exact.size());
+  CHECK(tg::euclidean_clusters(exact, r).size() == exact.size());
+  tg::points tight;
+  sheet(r * (1 - 1e-9), 0, tight);
+  CHECK(tg::euclidean_clusters(tight, r).size() == 1);
+  tg::points two;
+  sheet(0.8 * r, 0, two);
+  sheet(0.8 * r, 1.5 * r, two);
+  const auto apart = tg::euclidean_clusters(two, r);
+  REQUIRE(apart.size() == 2);
+  CHECK(apart[0].size() == 1600);
+  CHECK(apart[0][0] == 0);  // equal sizes: the cluster of the smaller index first
+  two.emplace_back(0.1 * r, 0.2 * r, 0.75 * r);
+  CHECK(tg::euclidean_clusters(two, r).size() == 1);
+}
+
+TEST_CASE("statistical outlier removal keeps exactly the points a brute-force k-NN keeps") {
+  // a noisy wavy sheet with a denser patch and scattered outliers: the grid answers most k-NN
+  // queries, the kd-tree the others (sparse or far points); the mask must equal the one from
+  // exact brute-force means (distances summed nearest first, as the filter documents)
+  std::mt19937_64 gen(17);
+  std::uniform_real_distribution<double> u(0, 1);
+  std::normal_distribution<double> noise(0, 0.002);
+  tg::points p;
+  for (int i = 0; i < 2500; ++i) {
+    const double x = u(gen) * 0.4, y = u(gen) * 0.3;
+    p.emplace_back(x, y, 0.01 * std::sin(20 * x) + noise(gen));
+  }
+  for (int i = 0; i < 600; ++i)
+    p.emplace_back(0.1 + 0.05 * u(gen), 0.1 + 0.05 * u(gen), noise(gen));
+  for (int i = 0; i < 40; ++i) p.emplace_back(u(gen) * 0.4, u(gen) * 0.3, 0.05 + 0.2 * u(gen));
+  for (int k : {4, 8}) {
+    const auto kk = static_cast<std::size_t>(k) + 1;
+    std::vector<double> mean(p.size());
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      std::vector<double> d2(p.size());
+      for (std::size_t j = 0; j < p.size(); ++j) {
+        double r = 0;
+        for (int e = 0; e < 3; ++e) {
+          const double diff = p[i][e] - p[j][e];
+          r += diff * diff;
+        }
+        d2[j] = r;
+      }
+      std::partial_sort(d2.begin(), d2.begin() + static_cast<std::ptrdiff_t>(kk), d2.end());
+      double s = 0;
+      for (std::size_t j = 1; j < kk; ++j) s += std::sqrt(d2[j]);
+      mean[i] = s / static_cast<double>(kk - 1);
+    }
+    double mu = 0, var = 0;
+    for (double v : mean) mu += v;
+    mu /= static_cast<double>(mean.size());
+    for (double v : mean) var += (v - mu) * (v - mu);
+    const double limit = mu + 2.0 * std::sqrt(var / static_cast<double>(mean.size()));
+    const auto keep = tg::statistical_inliers(p, k, 2.0);
+    std::size_t same = 0, dropped = 0;
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      same += keep[i] == (mean[i] <= limit ? 1 : 0);
+      dropped += keep[i] == 0;
+    }
+    CHECK(same == p.size());
+    CHECK(dropped >= 30);  // the outliers go
+  }
+}
+
+TEST_CASE("belt noise: the medians by histogram selection equal std::nth_element's") {
+  std::mt19937_64 gen(5);
+  std::normal_distribution<double> noise(0.0005, 0.002);
+  std::uniform_real_distribution<double> u(-1, 1);
+  for (std::size_t n : {4u, 5u, 1001u, 20000u}) {
+    tg::points p;
+    for (std::size_t i = 0; i < n; ++i) p.emplace_back(u(gen), u(gen), noise(gen));
+    if (n > 10) p[1].z() = p[2].z() = p[3].z();  // ties
+    const tg::plane pl{tg::point3::UnitZ(), 0};
+    const double window = 0.004;
+    std::vector<double> d;
+    for (const auto& x : p)
+      if (std::abs(x.z()) < window) d.push_back(x.z());
+    const auto mid = static_cast<std::ptrdiff_t>(d.size() / 2);
+    std::nth_element(d.begin(), d.begin() + mid, d.end());
+    const double med = d[static_cast<std::size_t>(mid)];
+    for (auto& v : d) v = std::abs(v - med);
+    std::nth_element(d.begin(), d.begin() + mid, d.end());
+    const tg::belt_noise bn = tg::measure_belt_noise(tg::as_cloud(p), pl, window);
+    CHECK(bn.count == d.size());
+    REQUIRE(d.size() >= 3);
+    CHECK(bn.median == med);
+    CHECK(bn.sigma == 1.4826 * d[static_cast<std::size_t>(mid)]);
+  }
+}
+
 TEST_CASE("statistical outlier removal drops isolated points and keeps the surface") {
   tg::points p;
   for (int i = 0; i < 40; ++i)

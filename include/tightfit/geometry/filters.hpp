@@ -1,9 +1,11 @@
-// tightfit/geometry/filters.hpp: voxel-grid downsampling, statistical outlier removal and
-// Euclidean clustering (kd-tree radius search), the cleaning steps of MEBB (docs/mebb.md,
-// steps 0 and 1).
+// tightfit/geometry/filters.hpp: voxel-grid downsampling, statistical outlier removal (exact
+// k-NN: a uniform grid, the kd-tree for the queries the grid cannot settle) and Euclidean
+// clustering (the components of the radius graph, through a uniform grid or a kd-tree radius
+// search), the cleaning steps of MEBB (docs/mebb.md, steps 0 and 1).
 //
 // Invariants: every function returns a new cloud (or index list) and leaves its input alone;
-// results are deterministic (no dependence on hash order or thread count).
+// results are deterministic (no dependence on hash order or thread count), and the grid paths
+// give the same results as the kd-tree paths (tests compare both with brute force).
 #pragma once
 
 #include <algorithm>
@@ -111,12 +113,14 @@ struct voxel_accumulator {
   }
   // the occupied slots sorted by key (the canonical, order-independent cell order)
   std::vector<std::size_t> sorted_slots() const {
-    std::vector<std::size_t> s;
-    s.reserve(used);
+    // (key, slot) pairs sorted by key (keys are distinct): no indirection in the comparisons
+    std::vector<std::pair<std::uint64_t, std::size_t>> ks;
+    ks.reserve(used);
     for (std::size_t i = 0; i < table.size(); ++i)
-      if (table[i].key != empty_key) s.push_back(i);
-    std::sort(s.begin(), s.end(),
-              [&](std::size_t a, std::size_t b) { return table[a].key < table[b].key; });
+      if (table[i].key != empty_key) ks.emplace_back(table[i].key, i);
+    std::sort(ks.begin(), ks.end());
+    std::vector<std::size_t> s(ks.size());
+    for (std::size_t r = 0; r < ks.size(); ++r) s[r] = ks[r].second;
     return s;
   }
 };
@@ -146,13 +150,11 @@ inline points voxel_downsample(const points& in, double h,
   const auto slots = acc.sorted_slots();
   points out(slots.size());
   for (std::size_t r = 0; r < slots.size(); ++r) out[r] = acc.centroid(acc.table[slots[r]]);
-  if (voxel_of) {
+  if (voxel_of) {  // the rank of each point's cell: its slot (a hash look-up), then the slot's rank
     voxel_of->resize(in.size());
-    std::vector<std::uint64_t> keys(slots.size());
-    for (std::size_t r = 0; r < slots.size(); ++r) keys[r] = acc.table[slots[r]].key;
-    for (std::size_t i = 0; i < in.size(); ++i)
-      (*voxel_of)[i] = static_cast<std::uint32_t>(
-          std::lower_bound(keys.begin(), keys.end(), key_of[i]) - keys.begin());
+    std::vector<std::uint32_t> rank(acc.table.size());
+    for (std::size_t r = 0; r < slots.size(); ++r) rank[slots[r]] = static_cast<std::uint32_t>(r);
+    for (std::size_t i = 0; i < in.size(); ++i) (*voxel_of)[i] = rank[acc.find_slot(key_of[i])];
   }
   return out;
 }
@@ -219,10 +221,12 @@ namespace detail {
 // neighbour queries (exact: every point within `cell` of a query lies in the 27 cells around it).
 class cell_grid {
  public:
-  cell_grid(const points& p, double cell) : cell_(cell) {
+  // `margin`: how many cells around a cell neighbour lookups may reach (keeps every neighbour
+  // coordinate non-negative)
+  cell_grid(const points& p, double cell, int margin = 1) : cell_(cell) {
     lo_ = p.empty() ? point3::Zero() : p[0];
     for (const auto& q : p) lo_ = lo_.cwiseMin(q);
-    lo_.array() -= cell;  // keeps every neighbour coordinate non-negative
+    lo_.array() -= margin * cell;
     std::vector<std::pair<std::uint64_t, std::uint32_t>> keys(p.size());
     for (std::size_t i = 0; i < p.size(); ++i)
       keys[i] = {key_of(p[i]), static_cast<std::uint32_t>(i)};
@@ -236,6 +240,27 @@ class cell_grid {
       }
     }
     cell_begin_.push_back(keys.size());
+    // a hash of the cell keys (open addressing, at most half full) for find()
+    std::size_t cap = 16;
+    while (cap < 2 * cell_keys_.size()) cap *= 2;
+    slot_.assign(cap, 0);
+    for (std::size_t c = 0; c < cell_keys_.size(); ++c) {
+      std::size_t h = hash(cell_keys_[c]) & (cap - 1);
+      while (slot_[h] != 0) h = (h + 1) & (cap - 1);
+      slot_[h] = static_cast<std::uint32_t>(c + 1);
+    }
+  }
+  static std::size_t hash(std::uint64_t k) {
+    return static_cast<std::size_t>(((k ^ (k >> 29)) * 0x9E3779B97F4A7C15ull) >> 32);
+  }
+  // the cell of key k, or cells() when no point lies in it
+  std::size_t find(std::uint64_t k) const {
+    const std::size_t mask = slot_.size() - 1;
+    for (std::size_t h = hash(k) & mask;; h = (h + 1) & mask) {
+      const std::uint32_t v = slot_[h];
+      if (v == 0) return cells();
+      if (cell_keys_[v - 1] == k) return v - 1;
+    }
   }
   std::uint64_t key_of(const point3& q) const {
     const point3 c = (q - lo_) / cell_;
@@ -246,24 +271,18 @@ class cell_grid {
     return (x << 42) | (y << 21) | z;
   }
   std::size_t cells() const { return cell_keys_.size(); }
+  std::uint64_t key(std::size_t c) const { return cell_keys_[c]; }
+  // the first cell at or after `from` whose key is >= k (cells() when none)
+  std::size_t lower_bound(std::uint64_t k, std::size_t from = 0) const {
+    return static_cast<std::size_t>(
+        std::lower_bound(cell_keys_.begin() + static_cast<std::ptrdiff_t>(from), cell_keys_.end(),
+                         k) -
+        cell_keys_.begin());
+  }
   // points of cell c: order_[cell_begin_[c] .. cell_begin_[c+1])
   const std::vector<std::uint32_t>& order() const { return order_; }
   std::size_t begin(std::size_t c) const { return cell_begin_[c]; }
   std::size_t end(std::size_t c) const { return cell_begin_[c + 1]; }
-  // the indices of the (up to 27) occupied cells around cell c, into out
-  void neighbours(std::size_t c, std::vector<std::size_t>& out) const {
-    out.clear();
-    const std::uint64_t k = cell_keys_[c], m = (1u << 21) - 1;
-    const std::uint64_t x = k >> 42, y = (k >> 21) & m, z = k & m;
-    for (std::uint64_t dx = 0; dx < 3; ++dx)
-      for (std::uint64_t dy = 0; dy < 3; ++dy)
-        for (std::uint64_t dz = 0; dz < 3; ++dz) {
-          const std::uint64_t nk = pack(x + dx - 1, y + dy - 1, z + dz - 1);
-          auto it = std::lower_bound(cell_keys_.begin(), cell_keys_.end(), nk);
-          if (it != cell_keys_.end() && *it == nk)
-            out.push_back(static_cast<std::size_t>(it - cell_keys_.begin()));
-        }
-  }
 
  private:
   double cell_;
@@ -271,40 +290,126 @@ class cell_grid {
   std::vector<std::uint32_t> order_;
   std::vector<std::uint64_t> cell_keys_;
   std::vector<std::size_t> cell_begin_;
+  std::vector<std::uint32_t> slot_;  // (power of two) cell index + 1 per slot, 0: empty
 };
 
-inline bool grid_fits(const points& p, double cell) {
+// Whether a cell_grid of `cell` with `margin` fits the cloud (21-bit cell coordinates).
+inline bool grid_fits(const points& p, double cell, int margin = 1) {
   if (p.empty()) return true;
   point3 lo = p[0], hi = p[0];
   for (const auto& q : p) lo = lo.cwiseMin(q), hi = hi.cwiseMax(q);
-  return ((hi - lo) / cell).maxCoeff() < static_cast<double>((1u << 21) - 4);
+  return ((hi - lo) / cell).maxCoeff() < static_cast<double>((1u << 21) - 2 * margin - 2);
 }
 }  // namespace detail
 
 /// Statistical outlier removal: drops the points whose mean distance to their k nearest
 /// neighbours exceeds mu + n_sigma * sigma of that mean over the cloud (PCL's filter).
 /// The keep mask of remove_statistical_outliers (1: kept).
+///
+/// The k-NN are exact. Most queries are answered by a uniform grid (cell: 1.25 x the median k-th
+/// neighbour distance of 64 points spread over the cloud, from the kd-tree): the candidates of
+/// the 27 cells around a cell are gathered once for all its points, and a query whose k-th
+/// distance is below the cell size is done (no point outside those cells can be nearer); the
+/// others go to the kd-tree. Distances are computed and summed as the kd-tree does (nearest
+/// first), so the means are the same numbers either way.
 inline std::vector<char> statistical_inliers(const points& in, int k = 8, double n_sigma = 2.0) {
   check(k >= 1, "statistical_inliers: k is ", k, ", expected >= 1");
   if (in.size() <= static_cast<std::size_t>(k)) return std::vector<char>(in.size(), 1);
   points_tree tree(in);
   const auto kk = static_cast<std::size_t>(k) + 1;  // the point itself comes first
   std::vector<double> mean(in.size());              // (n) mean distance to the k neighbours
-  // independent queries: the same means for any number of threads
-  parallel_for(0, static_cast<index_t>(in.size()), 512, [&](index_t i0, index_t i1) {
+  auto mean_of = [](const double* d2, std::size_t n) {
+    double s = 0;
+    for (std::size_t j = 1; j < n; ++j) s += std::sqrt(d2[j]);
+    return n > 1 ? s / static_cast<double>(n - 1) : 0.0;
+  };
+  double cell = 0;
+  {
     std::vector<std::size_t> idx(kk);
-    std::vector<double> d2(kk);
-    for (auto i = static_cast<std::size_t>(i0); i < static_cast<std::size_t>(i1); ++i) {
+    std::vector<double> d2(kk), kth;
+    const std::size_t step = std::max<std::size_t>(1, in.size() / 64);
+    for (std::size_t i = 0; i < in.size(); i += step) {
       const std::size_t n = tree.knn(in[i], kk, idx.data(), d2.data());
-      double s = 0;
-      for (std::size_t j = 1; j < n; ++j) s += std::sqrt(d2[j]);
-      mean[i] = n > 1 ? s / static_cast<double>(n - 1) : 0.0;
+      kth.push_back(std::sqrt(d2[n - 1]));
     }
-  });
+    const auto mid = static_cast<std::ptrdiff_t>(kth.size() / 2);
+    std::nth_element(kth.begin(), kth.begin() + mid, kth.end());
+    cell = 1.25 * kth[static_cast<std::size_t>(mid)];
+  }
+  if (!(cell > 0 && std::isfinite(cell) && detail::grid_fits(in, cell))) {
+    // independent queries: the same means for any number of threads
+    parallel_for(0, static_cast<index_t>(in.size()), 512, [&](index_t i0, index_t i1) {
+      std::vector<std::size_t> idx(kk);
+      std::vector<double> d2(kk);
+      for (auto i = static_cast<std::size_t>(i0); i < static_cast<std::size_t>(i1); ++i) {
+        const std::size_t n = tree.knn(in[i], kk, idx.data(), d2.data());
+        mean[i] = mean_of(d2.data(), n);
+      }
+    });
+  } else {
+    const detail::cell_grid grid(in, cell);
+    const auto& order = grid.order();
+    const double bound2 = (cell * (1 - 1e-6)) * (cell * (1 - 1e-6));
+    const std::uint64_t m = (1u << 21) - 1;
+    parallel_for(0, static_cast<index_t>(grid.cells()), 64, [&](index_t c0, index_t c1) {
+      std::vector<double> cx, cy, cz;  // (candidates) coordinates, gathered once per cell
+      std::vector<std::size_t> idx(kk);
+      std::vector<double> d2(kk), near;
+      for (auto c = static_cast<std::size_t>(c0); c < static_cast<std::size_t>(c1); ++c) {
+        const std::uint64_t key = grid.key(c);
+        const std::uint64_t x = key >> 42, y = (key >> 21) & m, z = key & m;
+        std::size_t around[27], na = 0, total = 0;  // the occupied cells around c
+        for (std::uint64_t dx = 0; dx < 3; ++dx)
+          for (std::uint64_t dy = 0; dy < 3; ++dy)
+            for (std::uint64_t dz = 0; dz < 3; ++dz) {
+              const std::size_t n =
+                  grid.find(detail::cell_grid::pack(x + dx - 1, y + dy - 1, z + dz - 1));
+              if (n == grid.cells()) continue;
+              around[na++] = n;
+              total += grid.end(n) - grid.begin(n);
+            }
+        cx.resize(total), cy.resize(total), cz.resize(total);
+        std::size_t w = 0;
+        for (std::size_t t = 0; t < na; ++t)
+          for (std::size_t b = grid.begin(around[t]); b < grid.end(around[t]); ++b, ++w) {
+            const point3& p = in[order[b]];
+            cx[w] = p.x(), cy[w] = p.y(), cz[w] = p.z();
+          }
+        near.resize(cx.size());
+        for (std::size_t a = grid.begin(c); a < grid.end(c); ++a) {
+          const std::size_t i = order[a];
+          const double q[3] = {in[i].x(), in[i].y(), in[i].z()};
+          std::size_t cnt = 0;  // near[0 .. cnt): the squared distances below bound2
+          for (std::size_t j = 0; j < cx.size(); ++j) {
+            const double p[3] = {cx[j], cy[j], cz[j]};
+            double r = 0;  // as the kd-tree's metric computes it
+            for (int e = 0; e < 3; ++e) {
+              const double diff = q[e] - p[e];
+              r += diff * diff;
+            }
+            near[cnt] = r;
+            cnt += r < bound2;
+          }
+          if (cnt >= kk) {  // the k nearest lie within bound: sorted, nearest first
+            for (std::size_t j = 1; j < cnt; ++j) {  // insertion sort: a dozen values
+              const double v = near[j];
+              std::size_t t = j;
+              for (; t > 0 && near[t - 1] > v; --t) near[t] = near[t - 1];
+              near[t] = v;
+            }
+            mean[i] = mean_of(near.data(), kk);
+          } else {  // the k-th neighbour may lie outside the 27 cells
+            const std::size_t n = tree.knn(in[i], kk, idx.data(), d2.data());
+            mean[i] = mean_of(d2.data(), n);
+          }
+        }
+      }
+    });
+  }
   double mu = 0, var = 0;
-  for (double m : mean) mu += m;
+  for (double v : mean) mu += v;
   mu /= static_cast<double>(mean.size());
-  for (double m : mean) var += (m - mu) * (m - mu);
+  for (double v : mean) var += (v - mu) * (v - mu);
   const double limit = mu + n_sigma * std::sqrt(var / static_cast<double>(mean.size()));
   std::vector<char> keep(in.size());
   for (std::size_t i = 0; i < in.size(); ++i) keep[i] = mean[i] <= limit;
@@ -322,42 +427,63 @@ inline points remove_statistical_outliers(const points& in, int k = 8, double n_
 }
 
 /// Euclidean clusters: connected components of the graph linking points closer than `radius`
-/// (kd-tree radius search; above 1000 points the same graph is built through a uniform grid of
-/// cell `radius`, which is faster for one fixed radius). Returns one index list per cluster,
-/// largest first; within a cluster, indices ascend (grid) or follow the search (kd-tree).
+/// (kd-tree radius search; above 1000 points the same components through a uniform grid, see
+/// below). Returns one index list per cluster, largest first (ties: the cluster whose smallest
+/// index is smaller first on the grid path); within a cluster, indices ascend (grid) or follow
+/// the search (kd-tree).
 inline std::vector<std::vector<std::size_t>> euclidean_clusters(const points& in, double radius) {
   check(radius > 0, "euclidean_clusters: radius is ", radius, ", expected > 0");
   std::vector<std::vector<std::size_t>> clusters;
   if (in.empty()) return clusters;
-  if (in.size() > 1000 && detail::grid_fits(in, radius)) {
-    // the same graph through a grid of cell = radius (all neighbours lie in the 27 cells around)
-    const detail::cell_grid grid(in, radius);
+  // Grid path: cells of side slightly below radius / sqrt(3), so any two points of one cell
+  // are closer than radius (each cell lies inside one component) and a linked pair lies at most
+  // two cells apart on each axis. Two cells are joined by the first pair of their points closer
+  // than radius, and a pair of cells already in one component is not looked at again: the
+  // components of the full graph, at a fraction of the pair tests.
+  const double side = radius / std::sqrt(3.0) * 0.999;
+  if (in.size() > 1000 && detail::grid_fits(in, side, 2)) {
+    const detail::cell_grid grid(in, side, 2);
     const auto& order = grid.order();
-    std::vector<std::size_t> parent(in.size());
+    const std::size_t nc = grid.cells();
+    std::vector<std::size_t> parent(nc);  // (cells) union-find over cells
     std::iota(parent.begin(), parent.end(), std::size_t{0});
     auto find = [&](std::size_t x) {
       while (parent[x] != x) x = parent[x] = parent[parent[x]];
       return x;
     };
     const double r2 = radius * radius;
-    std::vector<std::size_t> nb;
-    for (std::size_t c = 0; c < grid.cells(); ++c) {
-      grid.neighbours(c, nb);
-      for (std::size_t n : nb) {
-        if (n < c) continue;  // each pair of cells once
-        for (std::size_t a = grid.begin(c); a < grid.end(c); ++a)
-          for (std::size_t b = (n == c ? a + 1 : grid.begin(n)); b < grid.end(n); ++b) {
-            const std::size_t i = order[a], j = order[b];
-            if ((in[i] - in[j]).squaredNorm() >= r2) continue;
-            const std::size_t ri = find(i), rj = find(j);
-            if (ri != rj) parent[std::max(ri, rj)] = std::min(ri, rj);
+    const std::uint64_t m = (1u << 21) - 1;
+    auto linked = [&](std::size_t c, std::size_t n) {
+      for (std::size_t a = grid.begin(c); a < grid.end(c); ++a)
+        for (std::size_t b = grid.begin(n); b < grid.end(n); ++b)
+          if ((in[order[a]] - in[order[b]]).squaredNorm() < r2) return true;
+      return false;
+    };
+    for (std::size_t c = 0; c < nc; ++c) {
+      const std::uint64_t k = grid.key(c);
+      const std::uint64_t x = k >> 42, y = (k >> 21) & m, z = k & m;
+      // the neighbour cells after c in key order: (dx, dy) > (0, 0), or dx = dy = 0 and dz > 0;
+      // each (dx, dy) column of cells z - 2 .. z + 2 is contiguous in key order
+      for (std::uint64_t dx = 0; dx <= 2; ++dx)
+        for (std::uint64_t dy = (dx == 0 ? 2 : 0); dy <= 4; ++dy) {
+          const std::uint64_t cx = x + dx, cy = y + dy - 2;
+          const std::uint64_t z0 = (dx == 0 && dy == 2) ? z + 1 : z - 2;
+          const std::uint64_t last = detail::cell_grid::pack(cx, cy, z + 2);
+          for (std::size_t n = grid.lower_bound(detail::cell_grid::pack(cx, cy, z0), c + 1);
+               n < nc && grid.key(n) <= last; ++n) {
+            const std::size_t rc = find(c), rn = find(n);
+            if (rc == rn || !linked(c, n)) continue;
+            parent[std::max(rc, rn)] = std::min(rc, rn);
           }
-      }
+        }
     }
-    std::vector<std::size_t> label(in.size(), in.size());
+    std::vector<std::size_t> cell_of(in.size());
+    for (std::size_t c = 0; c < nc; ++c)
+      for (std::size_t a = grid.begin(c); a < grid.end(c); ++a) cell_of[order[a]] = c;
+    std::vector<std::size_t> label(nc, nc);
     for (std::size_t i = 0; i < in.size(); ++i) {
-      const std::size_t root = find(i);
-      if (label[root] == in.size()) {
+      const std::size_t root = find(cell_of[i]);
+      if (label[root] == nc) {
         label[root] = clusters.size();
         clusters.emplace_back();
       }

@@ -232,10 +232,39 @@ struct belt_noise {
   double median = 0, sigma = 0;
   std::size_t count = 0;
 };
+namespace detail {
+// The k-th smallest value of `v` (0-based, k < v.size()), every value in [lo, hi): the same value
+// std::nth_element finds, at about the cost of two passes: a histogram of the values picks the
+// bin holding the k-th one (the bin index is monotonic in the value), and only that bin's values
+// are selected from. `v` is left alone; `scratch` is reused.
+inline double select_kth(const std::vector<double>& v, std::size_t k, double lo, double hi,
+                         std::vector<double>& scratch) {
+  constexpr std::size_t bins = 4096;
+  const double scale = static_cast<double>(bins) / (hi - lo);
+  auto bin = [&](double x) {
+    const double f = (x - lo) * scale;
+    return f <= 0 ? std::size_t{0}
+                  : std::min(static_cast<std::size_t>(f), bins - 1);  // f > 0 and finite
+  };
+  std::vector<std::size_t> count(bins, 0);
+  for (double x : v) ++count[bin(x)];
+  std::size_t b = 0, below = 0;
+  while (below + count[b] <= k) below += count[b++];
+  scratch.clear();
+  scratch.reserve(count[b]);
+  for (double x : v)
+    if (bin(x) == b) scratch.push_back(x);
+  const auto kk = static_cast<std::ptrdiff_t>(k - below);
+  std::nth_element(scratch.begin(), scratch.begin() + kk, scratch.end());
+  return scratch[static_cast<std::size_t>(kk)];
+}
+}  // namespace detail
+
 template <PointCloud C>
 belt_noise measure_belt_noise(const C& cloud, const plane& pl, double window) {
-  std::vector<double> d;
+  std::vector<double> d;  // (count) signed distances within the window
   const std::size_t n = cloud.kdtree_get_point_count();
+  d.reserve(n);
   for (std::size_t i = 0; i < n; ++i) {
     const double v = pl.distance(point_at(cloud, i));
     if (std::abs(v) < window) d.push_back(v);
@@ -243,12 +272,13 @@ belt_noise measure_belt_noise(const C& cloud, const plane& pl, double window) {
   belt_noise out;
   out.count = d.size();
   if (d.size() < 3) return out;
-  const auto mid = static_cast<std::ptrdiff_t>(d.size() / 2);
-  std::nth_element(d.begin(), d.begin() + mid, d.end());
-  out.median = d[static_cast<std::size_t>(mid)];
+  // medians by histogram selection (every value lies in (-window, window), every deviation in
+  // [0, 2 window)): the values std::nth_element gives, without partitioning the whole vector
+  const std::size_t mid = d.size() / 2;
+  std::vector<double> scratch;
+  out.median = detail::select_kth(d, mid, -window, window, scratch);
   for (auto& v : d) v = std::abs(v - out.median);
-  std::nth_element(d.begin(), d.begin() + mid, d.end());
-  out.sigma = 1.4826 * d[static_cast<std::size_t>(mid)];
+  out.sigma = 1.4826 * detail::select_kth(d, mid, 0, 2 * window, scratch);
   return out;
 }
 
