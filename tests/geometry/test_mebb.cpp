@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <random>
 
 #include "geometry/support.hpp"
@@ -192,4 +193,72 @@ TEST_CASE("measure_many: parallel batch, a bad cloud reports its error") {
   REQUIRE(out[2].result.has_value());
   const auto single = tg::measure(clouds[2], tg::box_method::mebb, tg::belt_choice::at_z(0.0));
   CHECK(out[2].result->dims == single.dims);
+}
+
+namespace {
+// The top view of a box top in the box frame (x in [-0.25, 0.25], y in [-0.2, 0.2], top at
+// z = 0.3) for the solid-edge check of the +x face: a 2.5 mm grid of points on the top with a
+// rounded edge (radius 20 mm) down to the +x face at x = `edge`; `keep(depth, y)` drops points.
+template <class Keep>
+tg::points top_grid(double edge, Keep keep) {
+  tg::points p;
+  const double r = 0.02, top = 0.3;
+  for (double x = -0.25; x <= edge + 1e-12; x += 0.0025)
+    for (double y = -0.2; y <= 0.2 + 1e-12; y += 0.0025) {
+      const double depth = edge - x;  // from the face, inward
+      if (!keep(depth, y)) continue;
+      const double t = std::max(0.0, r - depth);  // the rounded edge falls off near the face
+      p.emplace_back(x, y, top - (r - std::sqrt(r * r - t * t)));
+    }
+  return p;
+}
+}  // namespace
+
+// The solid-edge check (docs/mebb.md, "Uncertainty per side") on hand-made faces: its depth
+// enters the face's sigma, so a wrong depth flags a right box or passes a wrong one.
+TEST_CASE("solid-edge depth: the body's top strip before a gap, a grip below the top") {
+  const tg::mebb_options o;  // g = 10 mm, slabs every 5 mm, solid at 75 % of the 40 columns
+  const Eigen::Vector3d lo(-0.25, -0.2, 0.0), hi(0.25, 0.2, 0.3);
+  SUBCASE("the first solid run is the body at the top: depth = its start") {
+    // a standing bag's top end: a full-width strip 45 mm deep along the face, then 35 mm with
+    // points in a fifth of the columns (the shadow of a handle grip above), then the rest of
+    // the top, all at the top height
+    const auto u = top_grid(
+        0.25, [](double depth, double y) { return depth <= 0.045 || depth >= 0.08 || y < -0.12; });
+    const auto se = tg::detail::solid_edge_depth(u, lo, hi, 0, 1.0, o);
+    CHECK(se.top_run);
+    CHECK(std::abs(se.run_height - 0.3) < 0.005);  // the rounded edge lowers the mean a little
+    CHECK(se.depth == 0.0);
+    // without the exception the gap rule reads the strip as a grip: the depth of the far side
+    tg::mebb_options plain = o;
+    plain.solid_top_run = false;
+    const auto gap = tg::detail::solid_edge_depth(u, lo, hi, 0, 1.0, plain);
+    CHECK_FALSE(gap.top_run);
+    CHECK(gap.depth >= 0.08 - o.column);
+    CHECK(gap.depth <= 0.08);
+  }
+  SUBCASE("a grip below the top followed by a gap: the depth counts to the body") {
+    // the body's face at x = 0.198 (depth 52 mm from the box face at 0.25); a grip as wide as
+    // 80 % of the face, 0-24 mm deep, `below` under the top; two rods between grip and body
+    for (double below : {0.025, 0.015}) {
+      CAPTURE(below);
+      auto u = top_grid(0.198, [](double, double) { return true; });
+      for (double x = 0.226; x <= 0.25 + 1e-12; x += 0.0025)
+        for (double y = -0.16; y <= 0.16 + 1e-12; y += 0.0025) u.emplace_back(x, y, 0.3 - below);
+      for (double x = 0.2; x < 0.226; x += 0.0025)
+        for (double y : {-0.14, 0.14}) u.emplace_back(x, y, 0.3 - below);
+      const auto se = tg::detail::solid_edge_depth(u, lo, hi, 0, 1.0, o);
+      CHECK_FALSE(se.top_run);
+      CHECK(std::abs(se.run_height - (0.3 - below)) < 0.001);
+      CHECK(se.depth >= 0.052 - o.column);
+      CHECK(se.depth <= 0.052);
+    }
+  }
+  SUBCASE("a clean face: depth 0, no run height") {
+    const auto u = top_grid(0.25, [](double, double) { return true; });
+    const auto se = tg::detail::solid_edge_depth(u, lo, hi, 0, 1.0, o);
+    CHECK(se.depth == 0.0);
+    CHECK_FALSE(se.top_run);
+    CHECK(std::isnan(se.run_height));
+  }
 }

@@ -128,6 +128,12 @@ struct mebb_options {
   /// than half its columns followed by a solid one is a gap between an appendage as wide as the
   /// face (a handle grip) and the body, and the depth counts to the body
   bool solid_gap = true;
+  /// the gap rule's exception for the body's own top strip: when the first solid run ends in a
+  /// gap and the mean height of that run's points lies within one column g of the box top, the
+  /// run is the body (a top end partly hidden, e.g. under a standing bag's handle grip), not an
+  /// appendage, and the depth is its start. A grip that holds a face out sits below the top (a
+  /// telescopic handle's grip 17-47 mm on the generated bags).
+  bool solid_top_run = true;
   /// belt setting: faces moved out by this x the belt's noise sigma (their inward bias on the
   /// generated scans grows with the noise; 0: no correction)
   double bias_side = 0.0, bias_top = 0.0;
@@ -412,11 +418,17 @@ inline double wall_yaw_correction(const points& u, const Eigen::Vector3d& lo,
 // depth t (steps of g/2, up to solid_depth) at which the top view of the slab [D - t - g, D - t]
 // holds points above half the height in at least solid_share of its g-columns along the face.
 // A face held out by a handle or a strap sees a sparse slab first; a body edge a solid one.
+// With solid_gap, a first solid run followed by a slab holding points in less than half its
+// columns is an appendage as wide as the face (a handle grip) and the depth counts to the next
+// solid slab, unless (solid_top_run) the run's points lie at the box top (within g): then the
+// run is the body's own top strip and the depth is its start.
 // `noise` is the face's own scatter, 1.4826 x the median absolute deviation of the columns'
 // outermost depths (a diagnostic: mebb_result::face_noise).
 struct solid_edge {
-  double depth = 0;  // the first solid slab's depth (or past a gap)
-  double noise = 0;  // the face's envelope scatter sigma
+  double depth = 0;         // the first solid slab's depth (or past a gap)
+  double noise = 0;         // the face's envelope scatter sigma
+  double run_height = NAN;  // a first solid run that ends in a gap: its points' mean height
+  bool top_run = false;     // that run was taken as the body's top strip (solid_top_run)
 };
 inline solid_edge solid_edge_depth(const points& u, const Eigen::Vector3d& lo,
                                    const Eigen::Vector3d& hi, int a, double s,
@@ -461,7 +473,22 @@ inline solid_edge solid_edge_depth(const points& u, const Eigen::Vector3d& lo,
     const bool solid = static_cast<double>(n) >= o.solid_share * static_cast<double>(nb);
     if (state == 0 && solid) state = 1, first = static_cast<double>(k) * step;
     if (!o.solid_gap && state == 1) break;
-    if (state == 1 && !solid && n * 2 < nb) state = 2;  // less than half the columns: a gap
+    if (state == 1 && !solid && n * 2 < nb) {  // less than half the columns: a gap
+      state = 2;
+      // the run's points (depth [first, start of this slab]): their mean height
+      const double t1 = static_cast<double>(k) * step;
+      double zs = 0, zn = 0;
+      for (const auto& p : u) {
+        if (p.z() < hi.z() / 2 || p[b] < lo[b] || p[b] > hi[b]) continue;
+        const double depth = d - s * p[a];
+        if (depth >= first && depth <= t1) zs += p.z(), zn += 1;
+      }
+      if (zn > 0) r.run_height = zs / zn;
+      if (o.solid_top_run && zn > 0 && std::abs(hi.z() - r.run_height) <= g) {
+        r.top_run = true;  // the body's top strip, not a grip
+        break;
+      }
+    }
     if (state == 2 && solid) {
       first = static_cast<double>(k) * step;
       break;
