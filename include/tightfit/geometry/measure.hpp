@@ -106,6 +106,7 @@ inline void assess(measurement& m, const clean_stats& cs, bool on_belt, const qu
     if (r.flags & (mebb_line | mebb_flat)) add("degenerate_shape");
     if (r.flags & mebb_not_converged) add("not_converged");
     if (on_belt && r.top_occupancy < q.min_top_occupancy) add("too_sparse");
+    if (on_belt && r.top_past > q.max_top_past_share) add("top_past_face");
     for (int f = 0; f < 6; ++f) {
       if (on_belt && f == 5) continue;
       if (r.face_support[static_cast<std::size_t>(f)] < q.min_face_support)
@@ -221,6 +222,7 @@ measurement measure(const C& cloud, box_method method = box_method::mebb, belt_c
           on_belt ? "belt removal, " : "", "voxel grid ", o.voxel,
           ", clustering, outlier removal), expected at least ", o.min_points);
     mebb_result r = mebb_solve(q, on_belt, o, &raw);
+    if (on_belt) r.top_past = top_past_face_share(p, r.box, o);  // before phase_check's merge
     if (o.phase_check) {
       // the same cleaned points on a voxel lattice shifted by half a voxel: MEBB's faces snap to
       // voxel centroids, so a face that depends on the lattice is uncertain by that much

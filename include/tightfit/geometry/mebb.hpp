@@ -134,6 +134,13 @@ struct mebb_options {
   /// appendage, and the depth is its start. A grip that holds a face out sits below the top (a
   /// telescopic handle's grip 17-47 mm on the generated bags).
   bool solid_top_run = true;
+  /// and when the gap's own points (its sparse slabs' middle) lie within g of the box top on
+  /// average, the gap is a shadow on the body's top (cast by something above it, e.g. a standing
+  /// bag's extended handle), not the space between a grip and the body: the depth is the first
+  /// run's start. The gap behind a grip holds only the grip's rods, at the grip's height.
+  bool solid_shadow_gap = true;
+  /// belt: how far past each side face top_past_face_share looks for the object's top
+  double past_reach = 0.25;
   /// belt setting: faces moved out by this x the belt's noise sigma (their inward bias on the
   /// generated scans grows with the noise; 0: no correction)
   double bias_side = 0.0, bias_top = 0.0;
@@ -169,6 +176,9 @@ struct mebb_result {
   std::array<double, 6> face_reach{}, face_noise{};
   std::array<double, 3> sigma{};  ///< 1-sigma of each box extent (box axes, not sorted)
   double top_occupancy = 1;       ///< belt: share of the top's g x g columns holding a point
+  /// belt: the largest share of a side face's columns where the object's top continues past the
+  /// face (top_past_face_share over every point above the belt cut, before cleaning)
+  double top_past = 0;
   /// belt, with sensor points: their pitch on the top face, sqrt(top area / points in its band)
   double pitch = 0;
 };
@@ -428,7 +438,9 @@ struct solid_edge {
   double depth = 0;         // the first solid slab's depth (or past a gap)
   double noise = 0;         // the face's envelope scatter sigma
   double run_height = NAN;  // a first solid run that ends in a gap: its points' mean height
+  double gap_height = NAN;  // and the mean height of the points in that gap
   bool top_run = false;     // that run was taken as the body's top strip (solid_top_run)
+  bool shadow_gap = false;  // the gap was taken as a shadow on the top (solid_shadow_gap)
 };
 inline solid_edge solid_edge_depth(const points& u, const Eigen::Vector3d& lo,
                                    const Eigen::Vector3d& hi, int a, double s,
@@ -465,27 +477,44 @@ inline solid_edge solid_edge_depth(const points& u, const Eigen::Vector3d& lo,
   }
   // the first solid slab; then, past a sparse slab (a gap between an appendage as wide as the
   // face, e.g. a handle grip, and the body), the next solid one
+  const index_t last = std::min<index_t>(steps, 63);
+  std::vector<index_t> cnt(static_cast<std::size_t>(last + 1), 0);  // columns holding slab k
+  for (index_t k = 0; k <= last; ++k)
+    for (auto m : occ) cnt[static_cast<std::size_t>(k)] += (m >> k) & 1u;
+  auto sparse = [&](index_t k) { return cnt[static_cast<std::size_t>(k)] * 2 < nb; };
+  auto mean_height = [&](double t0, double t1) {  // of the points at depth [t0, t1]
+    double zs = 0, zn = 0;
+    for (const auto& p : u) {
+      if (p.z() < hi.z() / 2 || p[b] < lo[b] || p[b] > hi[b]) continue;
+      const double depth = d - s * p[a];
+      if (depth >= t0 && depth <= t1) zs += p.z(), zn += 1;
+    }
+    return zn > 0 ? zs / zn : NAN;
+  };
   int state = 0;  // 0: before the first solid slab, 1: in it, 2: in a gap after it
   double first = o.solid_depth;
-  for (index_t k = 0; k <= steps && k < 64; ++k) {
-    index_t n = 0;
-    for (auto m : occ) n += (m >> k) & 1u;
+  for (index_t k = 0; k <= last; ++k) {
+    const auto n = cnt[static_cast<std::size_t>(k)];
     const bool solid = static_cast<double>(n) >= o.solid_share * static_cast<double>(nb);
     if (state == 0 && solid) state = 1, first = static_cast<double>(k) * step;
     if (!o.solid_gap && state == 1) break;
-    if (state == 1 && !solid && n * 2 < nb) {  // less than half the columns: a gap
+    if (state == 1 && !solid && sparse(k)) {  // less than half the columns: a gap
       state = 2;
-      // the run's points (depth [first, start of this slab]): their mean height
-      const double t1 = static_cast<double>(k) * step;
-      double zs = 0, zn = 0;
-      for (const auto& p : u) {
-        if (p.z() < hi.z() / 2 || p[b] < lo[b] || p[b] > hi[b]) continue;
-        const double depth = d - s * p[a];
-        if (depth >= first && depth <= t1) zs += p.z(), zn += 1;
+      const double t0 = static_cast<double>(k) * step;
+      // the run's points (depth [first, start of this slab]) at the box top: the body's own
+      // top strip (a grip that holds a face out sits lower)
+      r.run_height = mean_height(first, t0);
+      if (o.solid_top_run && std::abs(hi.z() - r.run_height) <= g) {
+        r.top_run = true;
+        break;
       }
-      if (zn > 0) r.run_height = zs / zn;
-      if (o.solid_top_run && zn > 0 && std::abs(hi.z() - r.run_height) <= g) {
-        r.top_run = true;  // the body's top strip, not a grip
+      // the points in the gap (the middle of its consecutive sparse slabs) at the box top: a
+      // shadow on the body's top, with the body visible beside it
+      index_t k2 = k;
+      while (k2 < last && sparse(k2 + 1)) ++k2;
+      r.gap_height = mean_height(t0 + g / 2, static_cast<double>(k2) * step + g / 2);
+      if (o.solid_shadow_gap && std::abs(hi.z() - r.gap_height) <= g) {
+        r.shadow_gap = true;
         break;
       }
     }
@@ -850,6 +879,42 @@ inline mebb_result mebb_solve(const points& p, bool belt, const mebb_options& o 
   return r;
 }
 
+/// Belt setting: the largest share, over the four side faces of `box` (belt frame, upright), of
+/// the face's g-columns along its width that hold a point of `p` at the box's top height (within
+/// g) between g and o.past_reach outside the face. A body's top does not continue past its faces
+/// (appendages at the top height are narrow: straps, tags); a large share means that part of the
+/// body was cut off, e.g. a strip of a standing bag's top end that the shadow of its extended
+/// handle separated from the rest and the cleaning dropped as another cluster.
+inline double top_past_face_share(const points& p, const oriented_box& box, const mebb_options& o) {
+  const double g = o.column, top = box.extent.z() / 2;
+  std::array<std::vector<char>, 4> hit;
+  for (int f = 0; f < 4; ++f) {
+    const auto nb = std::clamp<index_t>(static_cast<index_t>(box.extent[1 - f / 2] / g), 1, 4000);
+    hit[static_cast<std::size_t>(f)].assign(static_cast<std::size_t>(nb), 0);
+  }
+  for (const auto& x : p) {
+    const point3 q = box.rotation.transpose() * (x - box.centre);
+    if (std::abs(q.z() - top) > g) continue;
+    for (int f = 0; f < 4; ++f) {
+      const int a = f / 2, b = 1 - a;
+      const double s = f % 2 ? -1.0 : 1.0, half_b = box.extent[b] / 2;
+      const double out = s * q[a] - box.extent[a] / 2;
+      if (out < g || out > o.past_reach || q[b] < -half_b || q[b] > half_b) continue;
+      auto& h = hit[static_cast<std::size_t>(f)];
+      const auto nb = static_cast<index_t>(h.size());
+      h[static_cast<std::size_t>(
+          std::min<index_t>(static_cast<index_t>((q[b] + half_b) / g), nb - 1))] = 1;
+    }
+  }
+  double share = 0;
+  for (const auto& h : hit) {
+    std::size_t k = 0;
+    for (char c : h) k += c != 0;
+    share = std::max(share, static_cast<double>(k) / static_cast<double>(h.size()));
+  }
+  return share;
+}
+
 /// MEBB end to end on any PointCloud in the belt frame (belt z = 0, up +z) or, with belt =
 /// false, a full-3D cloud: cleaning, voxelisation, then mebb_solve. The cloud is read in place;
 /// only the points above the belt cut are kept.
@@ -873,7 +938,9 @@ mebb_result mebb(const C& cloud, bool belt, const mebb_options& o = {}) {
   check(q.size() >= o.min_points, "mebb: ", q.size(), " points left after cleaning (",
         belt ? "belt removal, " : "", "voxel grid ", o.voxel,
         ", clustering, outlier removal), expected at least ", o.min_points);
-  return mebb_solve(q, belt, o, o.fine_faces ? &raw : nullptr);
+  mebb_result r = mebb_solve(q, belt, o, o.fine_faces ? &raw : nullptr);
+  if (belt) r.top_past = top_past_face_share(p, r.box, o);
+  return r;
 }
 
 /// mebb() on a `points` vector.
