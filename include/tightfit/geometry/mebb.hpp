@@ -139,6 +139,12 @@ struct mebb_options {
   /// bag's extended handle), not the space between a grip and the body: the depth is the first
   /// run's start. The gap behind a grip holds only the grip's rods, at the grip's height.
   bool solid_shadow_gap = true;
+  /// measure(), belt: a side face held out by a grip (the first solid run and the points in the
+  /// gap behind it both more than g below the box top, a solid slab after the gap:
+  /// mebb_result::face_cut) is solved again without the points outward of the gap's middle,
+  /// unless something above the top overhangs that face (grip_overhangs, on every point above
+  /// the belt: a standing bag's handle, whose shadow and veils can give the same pattern)
+  bool solid_grip_trim = true;
   /// belt: how far past each side face top_past_face_share looks for the object's top
   double past_reach = 0.25;
   /// belt setting: faces moved out by this x the belt's noise sigma (their inward bias on the
@@ -174,6 +180,9 @@ struct mebb_result {
   /// belt, side faces: the solid-edge depth that entered face_sigma and the scatter sigma of the
   /// face's column envelopes (detail::solid_edge_depth; diagnostics); 0 elsewhere
   std::array<double, 6> face_reach{}, face_noise{};
+  /// belt, side faces: a grip that seemed to hold the face out (solid_edge::grip: the depth from
+  /// the face where measure() cuts it off); after measure()'s second solve, the cut applied
+  std::array<double, 6> face_cut{};
   std::array<double, 3> sigma{};  ///< 1-sigma of each box extent (box axes, not sorted)
   double top_occupancy = 1;       ///< belt: share of the top's g x g columns holding a point
   /// belt: the largest share of a side face's columns where the object's top continues past the
@@ -441,6 +450,7 @@ struct solid_edge {
   double gap_height = NAN;  // and the mean height of the points in that gap
   bool top_run = false;     // that run was taken as the body's top strip (solid_top_run)
   bool shadow_gap = false;  // the gap was taken as a shadow on the top (solid_shadow_gap)
+  double grip = 0;          // run and gap below the top, a solid slab after: the gap's middle
 };
 inline solid_edge solid_edge_depth(const points& u, const Eigen::Vector3d& lo,
                                    const Eigen::Vector3d& hi, int a, double s,
@@ -517,12 +527,16 @@ inline solid_edge solid_edge_depth(const points& u, const Eigen::Vector3d& lo,
         r.shadow_gap = true;
         break;
       }
+      if (hi.z() - r.run_height > g && hi.z() - r.gap_height > g)  // a grip and its rods?
+        r.grip = (t0 + static_cast<double>(k2) * step + g) / 2;
     }
     if (state == 2 && solid) {
       first = static_cast<double>(k) * step;
+      state = 3;
       break;
     }
   }
+  if (state != 3) r.grip = 0;  // no body past the gap
   r.depth = first;
   return r;
 }
@@ -792,6 +806,7 @@ inline mebb_result mebb_solve(const points& p, bool belt, const mebb_options& o 
           detail::solid_edge_depth(use_fine ? uf : u, lo, hi, f / 2, f % 2 ? -1.0 : 1.0, o);
       const auto ff = static_cast<std::size_t>(f);
       reach[ff] = r.face_reach[ff] = se.depth, r.face_noise[ff] = se.noise;
+      r.face_cut[ff] = se.grip;
     }
   }
   if (belt) {  // the inward bias of the faces grows with the sensor noise (calibrated, see o)
@@ -884,8 +899,11 @@ inline mebb_result mebb_solve(const points& p, bool belt, const mebb_options& o 
 /// g) between g and o.past_reach outside the face. A body's top does not continue past its faces
 /// (appendages at the top height are narrow: straps, tags); a large share means that part of the
 /// body was cut off, e.g. a strip of a standing bag's top end that the shadow of its extended
-/// handle separated from the rest and the cleaning dropped as another cluster.
-inline double top_past_face_share(const points& p, const oriented_box& box, const mebb_options& o) {
+/// handle separated from the rest and the cleaning dropped as another cluster. Faces with
+/// `cut[f] > 0` (a grip cut off them by measure(), mebb_result::face_cut: its noisy points reach
+/// the top height) are left out.
+inline double top_past_face_share(const points& p, const oriented_box& box, const mebb_options& o,
+                                  const std::array<double, 6>& cut = {}) {
   const double g = o.column, top = box.extent.z() / 2;
   std::array<std::vector<char>, 4> hit;
   for (int f = 0; f < 4; ++f) {
@@ -907,12 +925,37 @@ inline double top_past_face_share(const points& p, const oriented_box& box, cons
     }
   }
   double share = 0;
-  for (const auto& h : hit) {
+  for (std::size_t f = 0; f < 4; ++f) {
+    if (cut[f] > 0) continue;
     std::size_t k = 0;
-    for (char c : h) k += c != 0;
-    share = std::max(share, static_cast<double>(k) / static_cast<double>(h.size()));
+    for (char c : hit[f]) k += c != 0;
+    share = std::max(share, static_cast<double>(k) / static_cast<double>(hit[f].size()));
   }
   return share;
+}
+
+/// Belt setting: whether something above the top of `box` (belt frame, upright) overhangs its
+/// side face f: points of `p` more than g above the top, within the face's span, from
+/// o.past_reach outside the face to `depth` + g inside it, in at least a tenth of the face's
+/// g-columns. A standing bag's raised handle does; a grip sticking out of a lying bag does not.
+inline bool grip_overhangs(const points& p, const oriented_box& box, int f, double depth,
+                           const mebb_options& o) {
+  const double g = o.column, top = box.extent.z() / 2;
+  const int a = f / 2, b = 1 - a;
+  const double s = f % 2 ? -1.0 : 1.0, half_b = box.extent[b] / 2;
+  const auto nb = std::clamp<index_t>(static_cast<index_t>(box.extent[b] / g), 1, 4000);
+  std::vector<char> hit(static_cast<std::size_t>(nb), 0);
+  for (const auto& x : p) {
+    const point3 q = box.rotation.transpose() * (x - box.centre);
+    if (q.z() <= top + g || q[b] < -half_b || q[b] > half_b) continue;
+    const double in = box.extent[a] / 2 - s * q[a];  // depth inside the face
+    if (in < -o.past_reach || in > depth + g) continue;
+    hit[static_cast<std::size_t>(
+        std::min<index_t>(static_cast<index_t>((q[b] + half_b) / g), nb - 1))] = 1;
+  }
+  index_t k = 0;
+  for (char c : hit) k += c != 0;
+  return k * 10 >= nb;
 }
 
 /// MEBB end to end on any PointCloud in the belt frame (belt z = 0, up +z) or, with belt =
@@ -940,6 +983,7 @@ mebb_result mebb(const C& cloud, bool belt, const mebb_options& o = {}) {
         ", clustering, outlier removal), expected at least ", o.min_points);
   mebb_result r = mebb_solve(q, belt, o, o.fine_faces ? &raw : nullptr);
   if (belt) r.top_past = top_past_face_share(p, r.box, o);
+  r.face_cut = {};  // measure() applies the grip cuts; here they are not applied
   return r;
 }
 
