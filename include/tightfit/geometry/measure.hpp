@@ -106,6 +106,7 @@ inline void assess(measurement& m, const clean_stats& cs, bool on_belt, const qu
     if (r.flags & (mebb_line | mebb_flat)) add("degenerate_shape");
     if (r.flags & mebb_not_converged) add("not_converged");
     if (on_belt && r.top_occupancy < q.min_top_occupancy) add("too_sparse");
+    if (on_belt && r.top_past > q.max_top_past_share) add("top_past_face");
     for (int f = 0; f < 6; ++f) {
       if (on_belt && f == 5) continue;
       if (r.face_support[static_cast<std::size_t>(f)] < q.min_face_support)
@@ -221,6 +222,43 @@ measurement measure(const C& cloud, box_method method = box_method::mebb, belt_c
           on_belt ? "belt removal, " : "", "voxel grid ", o.voxel,
           ", clustering, outlier removal), expected at least ", o.min_points);
     mebb_result r = mebb_solve(q, on_belt, o, &raw);
+    if (on_belt && o.solid_grip_trim) {  // a face held out by a grip: cut it off, solve again
+      std::array<double, 6> grip_cut{};
+      bool any = false;
+      for (int f = 0; f < 4; ++f) {
+        const auto ff = static_cast<std::size_t>(f);
+        if (r.face_cut[ff] > 0 && !grip_overhangs(p, r.box, f, r.face_cut[ff], o))
+          grip_cut[ff] = r.face_cut[ff], any = true;
+      }
+      if (any) {
+        const oriented_box b0 = r.box;
+        auto keep = [&](const point3& x) {  // not past the cut of a trimmed face
+          const point3 u = b0.rotation.transpose() * (x - b0.centre);
+          for (int f = 0; f < 4; ++f) {
+            const int a = f / 2, b = 1 - a;
+            const double s = f % 2 ? -1.0 : 1.0;
+            const double in = b0.extent[a] / 2 - s * u[a];
+            if (grip_cut[static_cast<std::size_t>(f)] > 0 &&
+                in < grip_cut[static_cast<std::size_t>(f)] && std::abs(u[b]) <= b0.extent[b] / 2)
+              return false;
+          }
+          return true;
+        };
+        points q2, raw2;
+        for (const auto& x : q)
+          if (keep(x)) q2.push_back(x);
+        for (const auto& x : raw)
+          if (keep(x)) raw2.push_back(x);
+        if (q2.size() >= o.min_points) {
+          r = mebb_solve(q2, on_belt, o, &raw2);
+          for (std::size_t f = 0; f < 4; ++f) r.face_cut[f] = grip_cut[f];
+          q = std::move(q2), raw = std::move(raw2);
+        }
+      }
+      if (!any) r.face_cut = {};  // candidates that something overhangs: not cut
+    }
+    if (on_belt)
+      r.top_past = top_past_face_share(p, r.box, o, r.face_cut);  // before phase_check's merge
     if (o.phase_check) {
       // the same cleaned points on a voxel lattice shifted by half a voxel: MEBB's faces snap to
       // voxel centroids, so a face that depends on the lattice is uncertain by that much

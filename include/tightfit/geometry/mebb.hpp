@@ -128,6 +128,25 @@ struct mebb_options {
   /// than half its columns followed by a solid one is a gap between an appendage as wide as the
   /// face (a handle grip) and the body, and the depth counts to the body
   bool solid_gap = true;
+  /// the gap rule's exception for the body's own top strip: when the first solid run ends in a
+  /// gap and the mean height of that run's points lies within one column g of the box top, the
+  /// run is the body (a top end partly hidden, e.g. under a standing bag's handle grip), not an
+  /// appendage, and the depth is its start. A grip that holds a face out sits below the top (a
+  /// telescopic handle's grip 17-47 mm on the generated bags).
+  bool solid_top_run = true;
+  /// and when the gap's own points (its sparse slabs' middle) lie within g of the box top on
+  /// average, the gap is a shadow on the body's top (cast by something above it, e.g. a standing
+  /// bag's extended handle), not the space between a grip and the body: the depth is the first
+  /// run's start. The gap behind a grip holds only the grip's rods, at the grip's height.
+  bool solid_shadow_gap = true;
+  /// measure(), belt: a side face held out by a grip (the first solid run and the points in the
+  /// gap behind it both more than g below the box top, a solid slab after the gap:
+  /// mebb_result::face_cut) is solved again without the points outward of the gap's middle,
+  /// unless something above the top overhangs that face (grip_overhangs, on every point above
+  /// the belt: a standing bag's handle, whose shadow and veils can give the same pattern)
+  bool solid_grip_trim = true;
+  /// belt: how far past each side face top_past_face_share looks for the object's top
+  double past_reach = 0.25;
   /// belt setting: faces moved out by this x the belt's noise sigma (their inward bias on the
   /// generated scans grows with the noise; 0: no correction)
   double bias_side = 0.0, bias_top = 0.0;
@@ -161,8 +180,14 @@ struct mebb_result {
   /// belt, side faces: the solid-edge depth that entered face_sigma and the scatter sigma of the
   /// face's column envelopes (detail::solid_edge_depth; diagnostics); 0 elsewhere
   std::array<double, 6> face_reach{}, face_noise{};
+  /// belt, side faces: a grip that seemed to hold the face out (solid_edge::grip: the depth from
+  /// the face where measure() cuts it off); after measure()'s second solve, the cut applied
+  std::array<double, 6> face_cut{};
   std::array<double, 3> sigma{};  ///< 1-sigma of each box extent (box axes, not sorted)
   double top_occupancy = 1;       ///< belt: share of the top's g x g columns holding a point
+  /// belt: the largest share of a side face's columns where the object's top continues past the
+  /// face (top_past_face_share over every point above the belt cut, before cleaning)
+  double top_past = 0;
   /// belt, with sensor points: their pitch on the top face, sqrt(top area / points in its band)
   double pitch = 0;
 };
@@ -412,11 +437,20 @@ inline double wall_yaw_correction(const points& u, const Eigen::Vector3d& lo,
 // depth t (steps of g/2, up to solid_depth) at which the top view of the slab [D - t - g, D - t]
 // holds points above half the height in at least solid_share of its g-columns along the face.
 // A face held out by a handle or a strap sees a sparse slab first; a body edge a solid one.
+// With solid_gap, a first solid run followed by a slab holding points in less than half its
+// columns is an appendage as wide as the face (a handle grip) and the depth counts to the next
+// solid slab, unless (solid_top_run) the run's points lie at the box top (within g): then the
+// run is the body's own top strip and the depth is its start.
 // `noise` is the face's own scatter, 1.4826 x the median absolute deviation of the columns'
 // outermost depths (a diagnostic: mebb_result::face_noise).
 struct solid_edge {
-  double depth = 0;  // the first solid slab's depth (or past a gap)
-  double noise = 0;  // the face's envelope scatter sigma
+  double depth = 0;         // the first solid slab's depth (or past a gap)
+  double noise = 0;         // the face's envelope scatter sigma
+  double run_height = NAN;  // a first solid run that ends in a gap: its points' mean height
+  double gap_height = NAN;  // and the mean height of the points in that gap
+  bool top_run = false;     // that run was taken as the body's top strip (solid_top_run)
+  bool shadow_gap = false;  // the gap was taken as a shadow on the top (solid_shadow_gap)
+  double grip = 0;          // run and gap below the top, a solid slab after: the gap's middle
 };
 inline solid_edge solid_edge_depth(const points& u, const Eigen::Vector3d& lo,
                                    const Eigen::Vector3d& hi, int a, double s,
@@ -453,20 +487,56 @@ inline solid_edge solid_edge_depth(const points& u, const Eigen::Vector3d& lo,
   }
   // the first solid slab; then, past a sparse slab (a gap between an appendage as wide as the
   // face, e.g. a handle grip, and the body), the next solid one
+  const index_t last = std::min<index_t>(steps, 63);
+  std::vector<index_t> cnt(static_cast<std::size_t>(last + 1), 0);  // columns holding slab k
+  for (index_t k = 0; k <= last; ++k)
+    for (auto m : occ) cnt[static_cast<std::size_t>(k)] += (m >> k) & 1u;
+  auto sparse = [&](index_t k) { return cnt[static_cast<std::size_t>(k)] * 2 < nb; };
+  auto mean_height = [&](double t0, double t1) {  // of the points at depth [t0, t1]
+    double zs = 0, zn = 0;
+    for (const auto& p : u) {
+      if (p.z() < hi.z() / 2 || p[b] < lo[b] || p[b] > hi[b]) continue;
+      const double depth = d - s * p[a];
+      if (depth >= t0 && depth <= t1) zs += p.z(), zn += 1;
+    }
+    return zn > 0 ? zs / zn : NAN;
+  };
   int state = 0;  // 0: before the first solid slab, 1: in it, 2: in a gap after it
   double first = o.solid_depth;
-  for (index_t k = 0; k <= steps && k < 64; ++k) {
-    index_t n = 0;
-    for (auto m : occ) n += (m >> k) & 1u;
+  for (index_t k = 0; k <= last; ++k) {
+    const auto n = cnt[static_cast<std::size_t>(k)];
     const bool solid = static_cast<double>(n) >= o.solid_share * static_cast<double>(nb);
     if (state == 0 && solid) state = 1, first = static_cast<double>(k) * step;
     if (!o.solid_gap && state == 1) break;
-    if (state == 1 && !solid && n * 2 < nb) state = 2;  // less than half the columns: a gap
+    if (state == 1 && !solid && sparse(k)) {  // less than half the columns: a gap
+      state = 2;
+      const double t0 = static_cast<double>(k) * step;
+      // the run's points (depth [first, start of this slab]) at the box top: the body's own
+      // top strip (a grip that holds a face out sits lower)
+      r.run_height = mean_height(first, t0);
+      if (o.solid_top_run && std::abs(hi.z() - r.run_height) <= g) {
+        r.top_run = true;
+        break;
+      }
+      // the points in the gap (the middle of its consecutive sparse slabs) at the box top: a
+      // shadow on the body's top, with the body visible beside it
+      index_t k2 = k;
+      while (k2 < last && sparse(k2 + 1)) ++k2;
+      r.gap_height = mean_height(t0 + g / 2, static_cast<double>(k2) * step + g / 2);
+      if (o.solid_shadow_gap && std::abs(hi.z() - r.gap_height) <= g) {
+        r.shadow_gap = true;
+        break;
+      }
+      if (hi.z() - r.run_height > g && hi.z() - r.gap_height > g)  // a grip and its rods?
+        r.grip = (t0 + static_cast<double>(k2) * step + g) / 2;
+    }
     if (state == 2 && solid) {
       first = static_cast<double>(k) * step;
+      state = 3;
       break;
     }
   }
+  if (state != 3) r.grip = 0;  // no body past the gap
   r.depth = first;
   return r;
 }
@@ -736,6 +806,7 @@ inline mebb_result mebb_solve(const points& p, bool belt, const mebb_options& o 
           detail::solid_edge_depth(use_fine ? uf : u, lo, hi, f / 2, f % 2 ? -1.0 : 1.0, o);
       const auto ff = static_cast<std::size_t>(f);
       reach[ff] = r.face_reach[ff] = se.depth, r.face_noise[ff] = se.noise;
+      r.face_cut[ff] = se.grip;
     }
   }
   if (belt) {  // the inward bias of the faces grows with the sensor noise (calibrated, see o)
@@ -823,6 +894,70 @@ inline mebb_result mebb_solve(const points& p, bool belt, const mebb_options& o 
   return r;
 }
 
+/// Belt setting: the largest share, over the four side faces of `box` (belt frame, upright), of
+/// the face's g-columns along its width that hold a point of `p` at the box's top height (within
+/// g) between g and o.past_reach outside the face. A body's top does not continue past its faces
+/// (appendages at the top height are narrow: straps, tags); a large share means that part of the
+/// body was cut off, e.g. a strip of a standing bag's top end that the shadow of its extended
+/// handle separated from the rest and the cleaning dropped as another cluster. Faces with
+/// `cut[f] > 0` (a grip cut off them by measure(), mebb_result::face_cut: its noisy points reach
+/// the top height) are left out.
+inline double top_past_face_share(const points& p, const oriented_box& box, const mebb_options& o,
+                                  const std::array<double, 6>& cut = {}) {
+  const double g = o.column, top = box.extent.z() / 2;
+  std::array<std::vector<char>, 4> hit;
+  for (int f = 0; f < 4; ++f) {
+    const auto nb = std::clamp<index_t>(static_cast<index_t>(box.extent[1 - f / 2] / g), 1, 4000);
+    hit[static_cast<std::size_t>(f)].assign(static_cast<std::size_t>(nb), 0);
+  }
+  for (const auto& x : p) {
+    const point3 q = box.rotation.transpose() * (x - box.centre);
+    if (std::abs(q.z() - top) > g) continue;
+    for (int f = 0; f < 4; ++f) {
+      const int a = f / 2, b = 1 - a;
+      const double s = f % 2 ? -1.0 : 1.0, half_b = box.extent[b] / 2;
+      const double out = s * q[a] - box.extent[a] / 2;
+      if (out < g || out > o.past_reach || q[b] < -half_b || q[b] > half_b) continue;
+      auto& h = hit[static_cast<std::size_t>(f)];
+      const auto nb = static_cast<index_t>(h.size());
+      h[static_cast<std::size_t>(
+          std::min<index_t>(static_cast<index_t>((q[b] + half_b) / g), nb - 1))] = 1;
+    }
+  }
+  double share = 0;
+  for (std::size_t f = 0; f < 4; ++f) {
+    if (cut[f] > 0) continue;
+    std::size_t k = 0;
+    for (char c : hit[f]) k += c != 0;
+    share = std::max(share, static_cast<double>(k) / static_cast<double>(hit[f].size()));
+  }
+  return share;
+}
+
+/// Belt setting: whether something above the top of `box` (belt frame, upright) overhangs its
+/// side face f: points of `p` more than g above the top, within the face's span, from
+/// o.past_reach outside the face to `depth` + g inside it, in at least a tenth of the face's
+/// g-columns. A standing bag's raised handle does; a grip sticking out of a lying bag does not.
+inline bool grip_overhangs(const points& p, const oriented_box& box, int f, double depth,
+                           const mebb_options& o) {
+  const double g = o.column, top = box.extent.z() / 2;
+  const int a = f / 2, b = 1 - a;
+  const double s = f % 2 ? -1.0 : 1.0, half_b = box.extent[b] / 2;
+  const auto nb = std::clamp<index_t>(static_cast<index_t>(box.extent[b] / g), 1, 4000);
+  std::vector<char> hit(static_cast<std::size_t>(nb), 0);
+  for (const auto& x : p) {
+    const point3 q = box.rotation.transpose() * (x - box.centre);
+    if (q.z() <= top + g || q[b] < -half_b || q[b] > half_b) continue;
+    const double in = box.extent[a] / 2 - s * q[a];  // depth inside the face
+    if (in < -o.past_reach || in > depth + g) continue;
+    hit[static_cast<std::size_t>(
+        std::min<index_t>(static_cast<index_t>((q[b] + half_b) / g), nb - 1))] = 1;
+  }
+  index_t k = 0;
+  for (char c : hit) k += c != 0;
+  return k * 10 >= nb;
+}
+
 /// MEBB end to end on any PointCloud in the belt frame (belt z = 0, up +z) or, with belt =
 /// false, a full-3D cloud: cleaning, voxelisation, then mebb_solve. The cloud is read in place;
 /// only the points above the belt cut are kept.
@@ -846,7 +981,10 @@ mebb_result mebb(const C& cloud, bool belt, const mebb_options& o = {}) {
   check(q.size() >= o.min_points, "mebb: ", q.size(), " points left after cleaning (",
         belt ? "belt removal, " : "", "voxel grid ", o.voxel,
         ", clustering, outlier removal), expected at least ", o.min_points);
-  return mebb_solve(q, belt, o, o.fine_faces ? &raw : nullptr);
+  mebb_result r = mebb_solve(q, belt, o, o.fine_faces ? &raw : nullptr);
+  if (belt) r.top_past = top_past_face_share(p, r.box, o);
+  r.face_cut = {};  // measure() applies the grip cuts; here they are not applied
+  return r;
 }
 
 /// mebb() on a `points` vector.

@@ -4,8 +4,8 @@
 // A measuring instrument must never return a wrong box silently: every check that can fail on a
 // real scan (no belt where one was expected, a fragmented or too sparse cloud, a face held by too
 // few points, faces that do not settle, a degenerate shape, an uncertainty wider than the scale
-// interval) adds a reason; docs/mebb.md lists them with their thresholds. Invariant: status is ok
-// exactly when `reasons` is empty.
+// interval, the top continuing past a face) adds a reason; docs/mebb.md lists them with their
+// thresholds. Invariant: status is ok exactly when `reasons` is empty.
 #pragma once
 
 #include <cstddef>
@@ -37,6 +37,10 @@ struct quality_options {
   /// the largest cluster holds less than this share of the voxels above the belt: low_confidence,
   /// "fragmented" (several objects, or a cloud broken up by sparsity)
   double min_kept_share = 0.5;
+  /// belt setting: the object's top continues past a side face (mebb_result::top_past, the share
+  /// of the face's columns with points at the top height 10-250 mm outside it) over more than
+  /// this share: low_confidence, "top_past_face" (a part of the body was cut off)
+  double max_top_past_share = 0.5;
 };
 
 /// What a reason means in words (for the text output).
@@ -48,6 +52,7 @@ inline const char* reason_text(const std::string& r) {
   if (r == "not_converged") return "the faces did not settle";
   if (r == "degenerate_shape") return "the cloud is flat or a line, not a box";
   if (r == "high_uncertainty") return "a side's 95 % interval is wider than the limit";
+  if (r == "top_past_face") return "the object's top continues past a face (part of it cut off)";
   return "unknown reason";
 }
 
