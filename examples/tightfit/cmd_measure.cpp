@@ -147,7 +147,7 @@ void unit_hint(const C& cloud, const std::string& unit) {
 // block above its mmap threshold (128 KiB at first) back to the kernel when it is freed and trims
 // the heap's free top, so each of measure()'s big buffers faults its pages in afresh (about
 // 1,400 of a fixture scan's 4,700 page faults). Keeping freed blocks in the heap lets the next
-// buffer reuse those pages; the peak memory stays that of the largest cloud measured.
+// buffer reuse those pages (a fixture scan's peak memory: 18.5 MiB instead of 17.6).
 void keep_freed_memory() {
 #if defined(__GLIBC__)
   mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest on 64-bit targets

@@ -4,13 +4,16 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <variant>
 
 #include "geometry/support.hpp"
 #include "tightfit/geometry/cloud_io.hpp"
+#include "tightfit/geometry/measure.hpp"
 
 namespace tg = tightfit::geometry;
 
@@ -133,6 +136,31 @@ TEST_CASE("read_ply_stored keeps float coordinates as a float_cloud, the same va
              "property float z\nend_header\n1 2 3\n");
   CHECK(std::get<tg::points>(tg::read_cloud_stored(path))[0] == tg::point3(1, 2, 3));
   std::remove(path.c_str());
+}
+
+TEST_CASE("a fixture scan measured as a float_cloud gives the same measurement as its points") {
+  const std::string path = std::string(TIGHTFIT_MEBB_FIXTURES) + "/bag_006.ply";
+  if (!std::filesystem::exists(path)) {
+    const char* ci = std::getenv("CI");
+    if (ci && std::string(ci) == "true") FAIL("MEBB fixture not found: " << path << " (CI=true)");
+    MESSAGE("MEBB fixture not found: " << path << ": skipped");
+    return;
+  }
+  const auto stored = tg::read_cloud_stored(path);
+  REQUIRE(std::holds_alternative<tg::float_cloud>(stored));
+  const tg::measurement a = tg::measure(std::get<tg::float_cloud>(stored));
+  const tg::measurement b = tg::measure(tg::read_ply(path));
+  CHECK(a.status == b.status);
+  CHECK(a.reasons == b.reasons);
+  CHECK(a.points_used == b.points_used);
+  for (int k = 0; k < 3; ++k) {
+    CHECK(a.dims[k] == b.dims[k]);
+    CHECK(a.uncertainty[k] == b.uncertainty[k]);
+  }
+  CHECK(a.box.centre == b.box.centre);
+  CHECK(a.box.rotation == b.box.rotation);
+  REQUIRE(a.belt.has_value() == b.belt.has_value());
+  if (a.belt) CHECK(a.belt->normal == b.belt->normal);
 }
 
 TEST_CASE("malformed PLY files raise a clear error") {
