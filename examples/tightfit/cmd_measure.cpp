@@ -12,9 +12,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include "commands.hpp"
 #include "tightfit/geometry/cloud_io.hpp"
@@ -120,16 +126,33 @@ void print_text(const std::string& file, const tg::measurement& m) {
 }
 
 // A hint when the coordinates look like millimetres read as metres.
-void unit_hint(const tg::points& p, const std::string& unit) {
-  if (unit != "m" || p.empty()) return;
-  Eigen::Vector3d lo = p[0], hi = p[0];
-  for (const auto& q : p) lo = lo.cwiseMin(q), hi = hi.cwiseMax(q);
+template <tg::PointCloud C>
+void unit_hint(const C& cloud, const std::string& unit) {
+  const std::size_t n = cloud.kdtree_get_point_count();
+  if (unit != "m" || n == 0) return;
+  Eigen::Vector3d lo = tg::point_at(cloud, 0), hi = lo;
+  for (std::size_t i = 0; i < n; ++i) {
+    const Eigen::Vector3d q = tg::point_at(cloud, i);
+    lo = lo.cwiseMin(q), hi = hi.cwiseMax(q);
+  }
   const double span = (hi - lo).maxCoeff();
   if (span > 50)
     std::fprintf(stderr,
                  "tightfit measure: hint: the cloud spans %.0f m; if its coordinates are in "
                  "millimetres, pass --unit mm\n",
                  span);
+}
+
+// The tool's allocator setting (a library must not set one for its process): glibc hands every
+// block above its mmap threshold (128 KiB at first) back to the kernel when it is freed and trims
+// the heap's free top, so each of measure()'s big buffers faults its pages in afresh (about
+// 1,400 of a fixture scan's 4,700 page faults). Keeping freed blocks in the heap lets the next
+// buffer reuse those pages (a fixture scan's peak memory: 18.5 MiB instead of 17.6).
+void keep_freed_memory() {
+#if defined(__GLIBC__)
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest on 64-bit targets
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+#endif
 }
 
 }  // namespace
@@ -197,15 +220,27 @@ int measure(int argc, char** argv) {
   }
   const tg::box_method m = tg::parse_box_method(method);
 
+  keep_freed_memory();
   // one cloud at a time (never all in memory): a bad one is reported and the others go on
   int errors = 0, untrusted = 0;
   nlohmann::ordered_json all = nlohmann::ordered_json::array();
   for (const auto& file : files) {
     try {
-      tg::points p = tg::read_cloud(file);
-      for (auto& q : p) q *= scale;
-      unit_hint(p, unit);
-      const tg::measurement r = tg::measure(p, m, choice);
+      // a binary float PLY stays float (no widened copy); scaled as it is read by measure()
+      tg::stored_cloud cloud = tg::read_cloud_stored(file);
+      const tg::measurement r = std::visit(
+          [&](auto& c) {
+            if constexpr (std::is_same_v<std::decay_t<decltype(c)>, tg::float_cloud>) {
+              c.set_scale(scale);
+              unit_hint(c, unit);
+              return tg::measure(c, m, choice);
+            } else {
+              for (auto& q : c) q *= scale;
+              unit_hint(tg::as_cloud(c), unit);
+              return tg::measure(c, m, choice);
+            }
+          },
+          cloud);
       untrusted += r.status != tg::measure_status::ok;
       if (json && files.size() == 1)
         std::printf("%s\n", json_measurement(file, r, 1000).dump(2).c_str());

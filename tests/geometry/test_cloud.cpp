@@ -37,6 +37,7 @@ static_assert(tg::PointCloud<tg::matrix_cloud<Eigen::MatrixXd>>);
 static_assert(tg::PointCloud<tg::matrix_cloud<Eigen::Matrix<float, Eigen::Dynamic, 3>>>);
 static_assert(tg::PointCloud<tg::vector_cloud<std::array<double, 3>>>);
 static_assert(tg::PointCloud<tg::vector_cloud<tg::point3>>);
+static_assert(tg::PointCloud<tg::float_cloud>);
 static_assert(tg::PointCloud<my_cloud>);
 static_assert(!tg::PointCloud<std::vector<double>>);
 

@@ -1,7 +1,8 @@
 // tightfit/geometry/cloud_io.hpp: reading and writing point clouds: PLY (ASCII and binary
 // little-endian; x, y, z as float or double; other properties and elements ignored) and XYZ/CSV
 // text (three numbers per line, separated by spaces, tabs or commas; '#' comments; one header
-// line allowed).
+// line allowed). read_cloud / read_ply widen to `points` (double); read_cloud_stored keeps a
+// binary PLY's float x, y, z as a float_cloud (half the memory, read with one read()).
 //
 // Every malformed input (missing header fields, big-endian or list vertex properties, truncated
 // data, a bad number, NaN or infinite coordinates) raises tightfit::error naming the file and the
@@ -22,6 +23,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "tightfit/core/error.hpp"
@@ -91,11 +93,17 @@ struct ply_element {
   std::size_t count = 0;
   std::vector<ply_property> props;
 };
-}  // namespace detail
 
-/// Reads the vertices of a PLY from a binary stream `in` of `length` bytes (-1: unknown, then
-/// the data is read in bounded chunks); `path` names it in messages.
-inline points read_ply(std::istream& in, const std::string& path, long long length) {
+// Where a PLY's vertices are: the header parsed, every count checked against the length and the
+// elements before the vertices skipped (`in` is left at the first vertex).
+struct ply_vertices {
+  bool ascii = false;
+  std::size_t count = 0;
+  std::vector<ply_property> props;
+  int ix = -1, iy = -1, iz = -1;  // the x, y, z properties
+  int lineno = 0;                 // the last header line (ascii messages)
+};
+inline ply_vertices read_ply_header(std::istream& in, const std::string& path, long long length) {
   std::string line;
   detail::bounded_getline(in, line, path, "read_ply", 1, 64);
   if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -201,6 +209,23 @@ inline points read_ply(std::istream& in, const std::string& path, long long leng
       check(in.good(), "read_ply: '", path, "' ends inside element '", elements[e].name, "'");
     }
   }
+  ply_vertices v;
+  v.ascii = ascii;
+  v.count = ve.count;
+  v.props = ve.props;
+  v.ix = ix, v.iy = iy, v.iz = iz;
+  v.lineno = lineno;
+  return v;
+}
+}  // namespace detail
+
+namespace detail {
+// The vertices described by `ve` from `in` (left at the first vertex by read_ply_header).
+inline points read_ply_points(std::istream& in, const std::string& path, const ply_vertices& ve) {
+  const bool ascii = ve.ascii;
+  const int ix = ve.ix, iy = ve.iy, iz = ve.iz;
+  const int lineno = ve.lineno;
+  std::string line;
   points out;
   out.reserve(std::min<std::size_t>(ve.count, 1u << 20));  // grows with the data actually read
   if (ascii) {
@@ -256,6 +281,71 @@ inline points read_ply(std::istream& in, const std::string& path, long long leng
     check(out[r].allFinite(), "read_ply: '", path, "' vertex ", r, " is (", out[r].x(), ", ",
           out[r].y(), ", ", out[r].z(), "), expected finite coordinates");
   return out;
+}
+}  // namespace detail
+
+/// Reads the vertices of a PLY from a binary stream `in` of `length` bytes (-1: unknown, then
+/// the data is read in bounded chunks); `path` names it in messages.
+inline points read_ply(std::istream& in, const std::string& path, long long length) {
+  const detail::ply_vertices ve = detail::read_ply_header(in, path, length);
+  return detail::read_ply_points(in, path, ve);
+}
+
+/// A cloud as its file stores it: float_cloud for a binary PLY whose x, y, z are float (read
+/// without widening to double: half the memory of `points`, no second copy), otherwise `points`.
+using stored_cloud = std::variant<float_cloud, points>;
+
+/// Reads the vertices of a PLY from a binary stream (see read_ply) as stored_cloud: a binary PLY
+/// with float x, y and z becomes a float_cloud (one read() when the vertices are exactly x, y, z;
+/// strided otherwise), anything else `points`. The same checks and errors as read_ply.
+inline stored_cloud read_ply_stored(std::istream& in, const std::string& path, long long length) {
+  const detail::ply_vertices ve = detail::read_ply_header(in, path, length);
+  auto is_float = [&](int k) {
+    return detail::ply_is_float(ve.props[static_cast<std::size_t>(k)].type);
+  };
+  if (ve.ascii || !is_float(ve.ix) || !is_float(ve.iy) || !is_float(ve.iz))
+    return detail::read_ply_points(in, path, ve);  // ascii or double: widened to points
+  std::vector<std::size_t> offs(ve.props.size());
+  std::size_t stride = 0;
+  for (std::size_t k = 0; k < ve.props.size(); ++k)
+    offs[k] = stride, stride += static_cast<std::size_t>(detail::ply_type_size(ve.props[k].type));
+  const auto ox = offs[static_cast<std::size_t>(ve.ix)], oy = offs[static_cast<std::size_t>(ve.iy)],
+             oz = offs[static_cast<std::size_t>(ve.iz)];
+  std::vector<float> xyz;  // (count, 3) row-major
+  auto ends = [&](std::size_t done) {
+    fail("read_ply: '", path, "' ends after ", done, " of ", ve.count, " vertices");
+  };
+  if (stride == 12 && ox == 0 && oy == 4 && oz == 8 && length >= 0) {
+    // exactly x, y, z and a known length (the count was checked against it): one read
+    xyz.resize(3 * ve.count);
+    in.read(reinterpret_cast<char*>(xyz.data()), static_cast<std::streamsize>(12 * ve.count));
+    const auto got = static_cast<std::size_t>(in.gcount());
+    if (got != 12 * ve.count) ends(got / 12);
+  } else {
+    // in chunks of at most 2^16 vertices: memory follows the data actually present
+    const std::size_t chunk = 1u << 16;
+    std::vector<char> buf(stride * std::min(ve.count, chunk));
+    xyz.reserve(3 * std::min<std::size_t>(ve.count, 1u << 20));
+    for (std::size_t done = 0; done < ve.count;) {
+      const std::size_t n = std::min(chunk, ve.count - done);
+      in.read(buf.data(), static_cast<std::streamsize>(n * stride));
+      const auto got = static_cast<std::size_t>(in.gcount());
+      if (got != n * stride) ends(done + got / stride);
+      for (std::size_t r = 0; r < n; ++r)
+        for (const auto o : {ox, oy, oz}) {
+          float f;
+          std::memcpy(&f, buf.data() + r * stride + o, 4);
+          xyz.push_back(f);
+        }
+      done += n;
+    }
+  }
+  for (std::size_t r = 0; r < ve.count; ++r)
+    check(
+        std::isfinite(xyz[3 * r]) && std::isfinite(xyz[3 * r + 1]) && std::isfinite(xyz[3 * r + 2]),
+        "read_ply: '", path, "' vertex ", r, " is (", xyz[3 * r], ", ", xyz[3 * r + 1], ", ",
+        xyz[3 * r + 2], "), expected finite coordinates");
+  return float_cloud(std::move(xyz));
 }
 
 namespace detail {
@@ -333,6 +423,18 @@ inline points read_cloud(const std::string& path) {
   std::string ext = dot == std::string::npos ? "" : path.substr(dot + 1);
   for (auto& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   return ext == "ply" ? read_ply(path) : read_xyz(path);
+}
+
+/// Reads a cloud by extension as its file stores it (see read_ply_stored): .ply, otherwise
+/// XYZ/CSV text (as `points`).
+inline stored_cloud read_cloud_stored(const std::string& path) {
+  const auto dot = path.find_last_of('.');
+  std::string ext = dot == std::string::npos ? "" : path.substr(dot + 1);
+  for (auto& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (ext != "ply") return read_xyz(path);
+  std::ifstream in(path, std::ios::binary);
+  check(in.good(), "read_ply: cannot open '", path, "'");
+  return read_ply_stored(in, path, detail::file_length(path));
 }
 
 /// Writes a binary little-endian PLY with double x, y, z.

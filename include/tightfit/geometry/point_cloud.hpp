@@ -8,13 +8,15 @@
 // measure(), mebb() and detect_belt() read any PointCloud through `point_at` without copying it
 // (they keep only the points they work on: those above the belt); `to_points` copies a cloud
 // into `points` (double precision) for the lower-level functions, rejecting NaN and infinite
-// coordinates with a tightfit::error naming the offending point.
+// coordinates with a tightfit::error naming the offending point. float_cloud owns float
+// coordinates (a binary PLY's, read without widening).
 #pragma once
 
 #include <Eigen/Core>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 #include "tightfit/core/error.hpp"
@@ -64,6 +66,36 @@ class vector_cloud {
 
  private:
   const std::vector<Point>& v_;
+};
+
+/// A cloud of float coordinates, x y z interleaved, owned: what a binary PLY with float x, y, z
+/// stores, kept without widening (half the memory of `points`). Coordinates come out in double
+/// precision times `scale` (1 unless set; multiplying by 1 is exact), so a measurement of it is
+/// the same as of its `points` copy scaled the same way.
+class float_cloud {
+ public:
+  float_cloud() = default;
+  /// `xyz`: shape (N, 3) row-major, N = xyz.size() / 3.
+  explicit float_cloud(std::vector<float> xyz, double scale = 1) : xyz_(std::move(xyz)) {
+    check(xyz_.size() % 3 == 0, "float_cloud: ", xyz_.size(),
+          " coordinates, expected a multiple of 3 (x y z per point)");
+    set_scale(scale);
+  }
+  std::size_t kdtree_get_point_count() const { return xyz_.size() / 3; }
+  double kdtree_get_pt(std::size_t i, std::size_t d) const {
+    return static_cast<double>(xyz_[3 * i + d]) * scale_;
+  }
+  /// The stored coordinates, (N, 3) row-major, before scaling.
+  const std::vector<float>& coords() const { return xyz_; }
+  double scale() const { return scale_; }
+  void set_scale(double s) {
+    check(std::isfinite(s) && s > 0, "float_cloud: scale is ", s, ", expected a positive number");
+    scale_ = s;
+  }
+
+ private:
+  std::vector<float> xyz_;  // (N, 3) row-major
+  double scale_ = 1;
 };
 
 /// A `points` vector is itself usable wherever a PointCloud is expected, through this view.
