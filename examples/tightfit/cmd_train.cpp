@@ -4,7 +4,8 @@
 // gradient accumulation (--grad-accum) and, under mpirun, data parallelism (--parallel data:
 // ZeRO-1 for the full optimizers, the active block only for BAdam / BREAD-SGD) or sequence
 // parallelism (--parallel sequence: every rank the step's rows, a shard of their positions;
-// ZeRO-1 for the full optimizers, BAdam).
+// ZeRO-1 for the full optimizers, BAdam). --device cuda trains with adam, adamw or sgd on one
+// GPU (device_cuda.hpp): the host loads and checks as for the CPU, the device runs the steps.
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -17,6 +18,7 @@
 #include "args.hpp"
 #include "checks.hpp"
 #include "commands.hpp"
+#include "device_cuda.hpp"
 #include "mpi_launch.hpp"
 #include "tightfit/backend/eigen.hpp"
 #include "tightfit/dist/self_communicator.hpp"
@@ -59,8 +61,10 @@ void train_usage(std::FILE* out) {
       "                       (--assignment zigzag|contiguous, default zigzag); adam, adamw,\n"
       "                       sgd (ZeRO-1) and badam; --sched stream or checkpoint\n"
       "  --dtype f32|f64      value type of weights, gradients and state (default f32)\n"
-      "  --device cpu         where to train (default cpu; cuda: not yet, `tightfit grad\n"
-      "                       --device cuda` runs one gradient step on a GPU)\n"
+      "  --device cpu|cuda    where to train (default cpu); cuda: the first visible GPU, in\n"
+      "                       f32, with adam, adamw or sgd in one process (a tightfit built\n"
+      "                       with -DTIGHTFIT_WITH_CUDA=ON); not with --grad-accum > 1,\n"
+      "                       --resume or --save-state\n"
       "  --lr X               learning rate of the update rule (default 1e-3; sgd 1e-2)\n"
       "  --schedule S         constant | warmup:W | cosine | cosine:W (default constant)\n"
       "  --total-steps N      the schedule's horizon (default: steps already done + --steps;\n"
@@ -176,11 +180,28 @@ void validate(const args& a) {
   if (a.scope != "partial" && a.scope != "all")
     throw usage_error{"--bread-scope is '" + a.scope + "', expected partial or all"};
   check(a.clip >= 0, "--clip is ", a.clip, ", expected >= 0 (0: off)");
-  if (a.device == "cuda")
-    throw usage_error{
-        "--device cuda: train does not run on the GPU yet (only `tightfit grad "
-        "--device cuda` does; docs/cuda.md)"};
-  if (a.device != "cpu") throw usage_error{"--device is '" + a.device + "', expected cpu"};
+  if (a.device != "cpu" && a.device != "cuda")
+    throw usage_error{"--device is '" + a.device + "', expected cpu or cuda"};
+  if (a.device == "cuda") {
+    if (a.optimizer != "adam" && a.optimizer != "adamw" && a.optimizer != "sgd")
+      throw usage_error{"--device cuda trains adam, adamw and sgd; not --optimizer " + a.optimizer +
+                        " yet (docs/cuda.md)"};
+    if (a.dtype == "bf16")
+      throw usage_error{
+          "--device cuda --dtype bf16: bf16 training (fp32 master weights and state) is not "
+          "done yet; train in f32 (docs/cuda.md)"};
+    if (a.dtype != "f32") throw usage_error{"--device cuda trains in --dtype f32, not " + a.dtype};
+    if (!a.parallel.empty())
+      throw usage_error{"--parallel " + a.parallel +
+                        " runs on the CPU only; --device cuda trains in one process on one GPU"};
+    if (a.grad_accum != 1)
+      throw usage_error{"--device cuda: --grad-accum " + std::to_string(a.grad_accum) +
+                        " is not done on the GPU yet (give --batch instead)"};
+    if (!a.resume.empty() || !a.save_state.empty())
+      throw usage_error{std::string(a.resume.empty() ? "--save-state" : "--resume") +
+                        " with --device cuda is not done yet (the optimizer state stays on the "
+                        "GPU)"};
+  }
   if (a.dtype != "f32" && a.dtype != "f64")
     throw usage_error{"--dtype is '" + a.dtype + "', expected f32 or f64" +
                       (a.dtype == "bf16" ? " (bf16 training on the GPU is not done yet)" : "")};
@@ -261,6 +282,43 @@ constexpr bool sharded_state = requires(Opt& o) {
   o.sharded();
 };
 
+/// The summary line of a run (rank 0).
+void print_summary(const args& a, const train_summary& s, double peak) {
+  const double first = s.losses.empty() ? 0 : s.losses.front();
+  const double last = s.losses.empty() ? 0 : s.losses.back();
+  std::printf(
+      "optimizer %s  steps %lld  loss %.4f -> %.4f  %.0f tok/s  peak %.1f MiB  state %.1f MiB\n",
+      a.optimizer.c_str(), static_cast<long long>(a.steps), first, last, s.tokens_per_second,
+      peak / 1048576.0, static_cast<double>(s.state_bytes) / 1048576.0);
+}
+
+/// --save-model of the full-weight optimizers: model.safetensors + config.json.
+template <class Model>
+void save_model(const args& a, Model& model) {
+  if (a.save_model.empty()) return;
+  std::filesystem::create_directories(a.save_model);
+  save_hf_weights(a.save_model, model.parameters());
+  save_hf_config(model.config(), a.save_model);
+}
+
+/// The JSON log when --log is given (rank 0).
+struct log_if_open {
+  std::optional<json_log>& log;
+  void on_step(const train_step& s) {
+    if (log) log->on_step(s);
+  }
+};
+/// The progress line unless --quiet (rank 0).
+struct progress_if_shown {
+  bool shown;
+  void on_step(const train_step& s) const {
+    if (shown) progress_line{}.on_step(s);
+  }
+  void on_end(const train_summary& sum) const {
+    if (shown) progress_line{}.on_end(sum);
+  }
+};
+
 template <class T, class Opt, class Comm>
 int run_training(decoder_model<eigen_backend<T>>& model, const token_dataset& data, Opt& opt,
                  const args& a, Comm& comm) {
@@ -308,21 +366,6 @@ int run_training(decoder_model<eigen_backend<T>>& model, const token_dataset& da
   };
   std::optional<json_log> log;
   if (!a.log.empty() && root) log.emplace(a.log);
-  struct log_if_open {  // the JSON log when --log is given (rank 0)
-    std::optional<json_log>& log;
-    void on_step(const train_step& s) {
-      if (log) log->on_step(s);
-    }
-  };
-  struct progress_if_shown {  // the progress line unless --quiet (rank 0)
-    bool shown;
-    void on_step(const train_step& s) const {
-      if (shown) progress_line{}.on_step(s);
-    }
-    void on_end(const train_summary& sum) const {
-      if (shown) progress_line{}.on_end(sum);
-    }
-  };
   const std::int64_t horizon = opt.steps() + a.steps;  // opt.steps(): done before (resume)
   check(a.total_steps == 0 || a.total_steps >= horizon, "--total-steps is ", a.total_steps,
         ", but this run ends at step ", horizon);
@@ -344,12 +387,7 @@ int run_training(decoder_model<eigen_backend<T>>& model, const token_dataset& da
   // the largest rank's peak (every rank takes part in the gather)
   const double peak = max_over_ranks(comm, static_cast<double>(s.peak_bytes));
   if (!root) return 0;
-  const double first = s.losses.empty() ? 0 : s.losses.front();
-  const double last = s.losses.empty() ? 0 : s.losses.back();
-  std::printf(
-      "optimizer %s  steps %lld  loss %.4f -> %.4f  %.0f tok/s  peak %.1f MiB  state %.1f MiB\n",
-      a.optimizer.c_str(), static_cast<long long>(a.steps), first, last, s.tokens_per_second,
-      peak / 1048576.0, static_cast<double>(s.state_bytes) / 1048576.0);
+  print_summary(a, s, peak);
   if constexpr (lora_optimizer_of<Opt>) {
     if (!a.save_model.empty())
       save_peft_adapter(a.save_model, opt.adapters(),
@@ -358,13 +396,61 @@ int run_training(decoder_model<eigen_backend<T>>& model, const token_dataset& da
       opt.adapters().merge();
       save_merged_model(a.merge_out, opt.adapters());
     }
-  } else if (!a.save_model.empty()) {
-    std::filesystem::create_directories(a.save_model);
-    save_hf_weights(a.save_model, model.parameters());
-    save_hf_config(model.config(), a.save_model);
+  } else {
+    save_model(a, model);
   }
   return 0;
 }
+
+#if defined(TIGHTFIT_CLI_CUDA)
+/// --device cuda: the host model (loaded and checked) trained on the GPU; the same callbacks,
+/// summary line and --save-model as the CPU path. The weights come back after the last step and
+/// are checked there (train() itself stops at a non-finite loss or gradient norm).
+int train_on_cuda(decoder_model<eigen_backend<float>>& model, const token_dataset& data,
+                  const args& a) {
+  cuda_train_job job;
+  job.config = model.config();
+  auto& p = model.parameters();
+  for (std::size_t i = 0; i < p.size(); ++i) job.parameters.push_back({p.name(i), p.value(i), {}});
+  job.data = &data;
+  if (a.optimizer == "adam") {
+    adam_update_rule r;
+    if (a.lr) r.lr = *a.lr;
+    job.rule = r;
+  } else if (a.optimizer == "adamw") {
+    adamw_update_rule r;
+    if (a.lr) r.lr = *a.lr;
+    job.rule = r;
+  } else {
+    sgd_update_rule r;
+    if (a.lr) r.lr = *a.lr;
+    job.rule = r;
+  }
+  job.max_grad_norm = a.clip;
+  check(a.total_steps == 0 || a.total_steps >= a.steps, "--total-steps is ", a.total_steps,
+        ", but this run ends at step ", a.steps);
+  job.schedule = runtime_schedule::parse(a.schedule, a.total_steps > 0 ? a.total_steps : a.steps);
+  job.options.steps = a.steps;
+  job.options.batch = a.batch;
+  job.options.backward.sched = parse_backward_schedule(a.sched);
+  job.options.backward.chunk = a.chunk;
+  job.deterministic = a.deterministic;
+  std::optional<json_log> log;
+  if (!a.log.empty()) log.emplace(a.log);
+  log_if_open logger{log};
+  const progress_if_shown progress{!a.quiet};
+  job.on_step = [&](const train_step& s) {
+    logger.on_step(s);
+    progress.on_step(s);
+  };
+  job.on_end = [&](const train_summary& s) { progress.on_end(s); };
+  const cuda_train_result r = cuda_train(job);
+  check_finite_weights(p, "the weights trained on " + r.device_name);
+  print_summary(a, r.summary, static_cast<double>(r.summary.peak_bytes));
+  save_model(a, model);
+  return 0;
+}
+#endif
 
 template <class T, class Comm>
 int run(const args& a, Comm& comm);
@@ -485,6 +571,15 @@ int train(int argc, char** argv) {
     return 2;
   }
 
+  if (a.device == "cuda") {  // before any file is read (exit 1)
+#if defined(TIGHTFIT_CLI_CUDA)
+    require_cuda_device(0);
+#else
+    fail(
+        "--device cuda: this tightfit was built without CUDA; rebuild it with "
+        "-DTIGHTFIT_WITH_CUDA=ON (needs the CUDA toolkit: nvcc, cuBLAS)");
+#endif
+  }
   try {
     if (!a.parallel.empty())
       return run_under_mpi("train", [&](auto& comm) {
@@ -529,6 +624,12 @@ int run(const args& a, Comm& comm) {
     load_hf_weights(a.model, model.parameters());
     check_finite_weights(model.parameters(), a.model);
   }
+
+#if defined(TIGHTFIT_CLI_CUDA)
+  if constexpr (std::is_same_v<T, float> && !parallel)
+    if (a.device == "cuda") return train_on_cuda(model, data, a);
+#endif
+  check(a.device == "cpu", "--device cuda: this tightfit was built without CUDA");
 
   const auto part = block_partition::by_layer(model.parameters(), a.embedding_block, a.head_block);
   runtime_order order;

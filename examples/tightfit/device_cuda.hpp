@@ -4,18 +4,27 @@
 // the weights to cuda_backend<float> or cuda_backend<__nv_bfloat16> (bf16: rounded on upload),
 // runs the same compute_gradients, and writes every gradient back into the host model's
 // gradient spans in float, so the CPU path's checks, --out file and JSON line follow unchanged.
+// cmd_train.cpp likewise fills a cuda_train_job: the device trains a float copy of the host
+// model with a full-parameter optimizer (Adam, AdamW, SGD) under optim/train.hpp's train(), the
+// host's callbacks print and log each step, and the trained weights come back into the host
+// model's value spans, so the CPU path's summary line and --save-model follow unchanged.
 // Invariant: the job's parameters are the host model's, in its order, with the names and sizes
 // the device model of the same config has (checked; a mismatch is a tightfit::error).
 #pragma once
 
+#include <functional>
 #include <span>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "tightfit/loss/dpo.hpp"
 #include "tightfit/loss/grpo.hpp"
 #include "tightfit/loss/sft.hpp"
 #include "tightfit/nn/config.hpp"
+#include "tightfit/optim/schedule.hpp"
+#include "tightfit/optim/train.hpp"
+#include "tightfit/optim/update_rules.hpp"
 #include "tightfit/stream/backward.hpp"
 
 namespace tightfit::cli {
@@ -23,11 +32,12 @@ namespace tightfit::cli {
 /// Storage of the device tensors: float, or bf16 with fp32 accumulation.
 enum class cuda_dtype { f32, bf16 };
 
-/// One parameter of the host model: values (numel) and its gradient (numel, or empty when the
-/// host holds none; the device fills it and sets `computed` when the device computed one).
+/// One parameter of the host model: values (numel; training writes the trained weights back)
+/// and its gradient (numel, or empty when the host holds none; the gradient step fills it and
+/// sets `computed` when the device computed one).
 struct host_tensor {
   std::string name;
-  std::span<const float> value;
+  std::span<float> value;
   std::span<float> grad;
   bool computed = false;
 };
@@ -50,6 +60,29 @@ struct cuda_grad_result {
   std::string device_name;
 };
 
+/// Training with a full-parameter optimizer on the GPU (float storage only: bf16 training needs
+/// fp32 master weights, which full_optimizer does not keep).
+struct cuda_train_job {
+  using rule_type = std::variant<adam_update_rule, adamw_update_rule, sgd_update_rule>;
+  model_config config;
+  int device = 0;
+  std::vector<host_tensor> parameters;  ///< the host model's, in its order (grad unused)
+  const token_dataset* data = nullptr;  ///< host rows
+  rule_type rule;
+  double max_grad_norm = 0;  ///< clipping (0: off)
+  runtime_schedule schedule;
+  train_options options;  ///< one process: grad_accum 1, parallel none
+  bool deterministic = false;
+  std::function<void(const train_step&)> on_step;    ///< called after every step
+  std::function<void(const train_summary&)> on_end;  ///< called once at the end
+};
+
+/// The summary of the run (peaks and state from cuda_backend's memory counter) and the device.
+struct cuda_train_result {
+  train_summary summary;
+  std::string device_name;
+};
+
 /// Throws tightfit::error naming --device cuda unless CUDA device `device` exists (no
 /// device, no driver, CUDA_VISIBLE_DEVICES hiding them all).
 void require_cuda_device(int device);
@@ -58,5 +91,9 @@ void require_cuda_device(int device);
 cuda_grad_result cuda_gradients(cuda_grad_job& job, sft_loss& loss);
 cuda_grad_result cuda_gradients(cuda_grad_job& job, grpo_loss& loss);
 cuda_grad_result cuda_gradients(cuda_grad_job& job, dpo_loss& loss);
+
+/// Trains the host model of `job` on the GPU with the SFT loss (device_cuda.cu); the trained
+/// weights are written into job.parameters[i].value.
+cuda_train_result cuda_train(cuda_train_job& job);
 
 }  // namespace tightfit::cli

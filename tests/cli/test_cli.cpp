@@ -173,7 +173,21 @@ TEST_CASE("--device and --dtype: bad values are argument errors naming them") {
       {"grad --model x --batch y --device cpu --dtype bf16", "--dtype bf16 needs --device cuda"},
       {"grad --model x --batch y --device cuda --dtype f64", "--dtype f64"},
       {"grad --model x --batch y --device cuda --parallel data", "--parallel data"},
-      {"train --preset tiny --data x --optimizer adam --device cuda", "--device cuda: train"},
+      {"train --preset tiny --data x --optimizer badam --device cuda", "--optimizer badam"},
+      {"train --preset tiny --data x --optimizer bread-sgd --device cuda", "--optimizer bread-sgd"},
+      {"train --preset tiny --data x --optimizer bread-lora --device cuda",
+       "--optimizer bread-lora"},
+      {"train --preset tiny --data x --optimizer lora --device cuda", "--optimizer lora"},
+      {"train --preset tiny --data x --optimizer adam --device cuda --dtype bf16",
+       "--dtype bf16: bf16 training"},
+      {"train --preset tiny --data x --optimizer adam --device cuda --dtype f64", "not f64"},
+      {"train --preset tiny --data x --optimizer sgd --device cuda --parallel data",
+       "--parallel data"},
+      {"train --preset tiny --data x --optimizer adamw --device cuda --grad-accum 2",
+       "--grad-accum 2"},
+      {"train --preset tiny --data x --optimizer adam --device cuda --resume y", "--resume"},
+      {"train --preset tiny --data x --optimizer adam --device cuda --save-state y",
+       "--save-state"},
       {"train --preset tiny --data x --optimizer adam --device tpu", "'tpu'"},
       {"train --preset tiny --data x --optimizer adam --dtype bf16", "'bf16'"},
       {"bench stream --device cuda", "bench/cuda/bench_cuda"},
@@ -202,6 +216,27 @@ TEST_CASE("grad --device cuda without a CUDA build or a device: exit 1 naming th
   CHECK(r.code == 1);
   CHECK(r.out.empty());
   CHECK(cli_testing::problem_lines(r.err).size() == 1);
+#if defined(TIGHTFIT_CLI_CUDA)
+  CHECK(r.err.find("--device cuda: no CUDA device is available") != std::string::npos);
+#else
+  CHECK(r.err.find("--device cuda: this tightfit was built without CUDA") != std::string::npos);
+  CHECK(r.err.find("-DTIGHTFIT_WITH_CUDA=ON") != std::string::npos);
+#endif
+  CHECK(!fs::exists(out));
+}
+
+// train likewise: the device is checked before the data (here: a file that does not exist) is read.
+TEST_CASE("train --device cuda without a CUDA build or a device: exit 1 before reading the data") {
+  fixture f;
+  const auto out = f.dir / "device_trained";
+  const auto r = cli_testing::run_with(
+      "CUDA_VISIBLE_DEVICES= ", "train --device cuda --optimizer adam --preset tiny --data '" +
+                                    (f.dir / "no_such_data.safetensors").string() +
+                                    "' --save-model '" + out.string() + "'");
+  CHECK(r.code == 1);
+  CHECK(r.out.empty());
+  CHECK(cli_testing::problem_lines(r.err).size() == 1);
+  CHECK(r.err.find("no_such_data") == std::string::npos);
 #if defined(TIGHTFIT_CLI_CUDA)
   CHECK(r.err.find("--device cuda: no CUDA device is available") != std::string::npos);
 #else

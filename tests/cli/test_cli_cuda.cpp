@@ -5,13 +5,16 @@
 //  - "cli_cuda_gpu" (ctest cli_cuda_gpu, label gpu): the CPU tool (--dtype f64) and the GPU tool
 //    on the same random model and padded batch, for full and stream: the JSON lines carry the
 //    same keys, and the losses and every gradient in the --out files agree, f32 to 1e-4 and
-//    bf16 to 2e-2 relative (max abs difference / max abs CPU value, per tensor). Without a
-//    device it prints one line and passes.
+//    bf16 to 2e-2 relative (max abs difference / max abs CPU value, per tensor); and `tightfit
+//    train --device cuda` against the CPU tool (--dtype f64) for sgd and adamw: the same summary
+//    line, every logged loss to 1e-4 relative, the saved weights to 1e-4 (sgd) and 1e-3 (adamw)
+//    relative per tensor. Without a device it prints one line and passes.
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -35,8 +38,8 @@ bool have_device() {
     if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
     if (n == 0)
       std::printf(
-          "test_cli_cuda: no CUDA device: tightfit grad --device cuda is not compared "
-          "with the CPU (it needs one GPU)\n");
+          "test_cli_cuda: no CUDA device: tightfit grad and train --device cuda are not "
+          "compared with the CPU (they need one GPU)\n");
     return n > 0;
   }();
   return yes;
@@ -78,6 +81,17 @@ struct fixture {
     w.add("attention_mask", {b, t}, std::span<const std::int64_t>(mask));
     w.write(batch);
   }
+  /// Training rows (6 x 24, unpadded) for train.
+  fs::path train_data() const {
+    const index_t n = 6, t = 24;
+    std::vector<std::int64_t> ids;
+    for (index_t i = 0; i < n * t; ++i) ids.push_back((i * 29 + 7) % cfg.vocab_size);
+    safetensors_writer w;
+    w.add("input_ids", {n, t}, std::span<const std::int64_t>(ids));
+    const auto path = dir / "train.safetensors";
+    w.write(path);
+    return path;
+  }
   /// Runs grad; returns its JSON line (REQUIREs exit 0) and writes the gradients to `out`.
   nlohmann::json grad(const std::string& options, const fs::path& out) const {
     const auto r =
@@ -87,6 +101,15 @@ struct fixture {
     return nlohmann::json::parse(r.out);
   }
 };
+
+/// The "loss" of every line of a JSON-lines log.
+std::vector<double> logged_losses(const fs::path& log) {
+  std::ifstream in(log);
+  std::vector<double> losses;
+  for (std::string line; std::getline(in, line);)
+    losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  return losses;
+}
 
 /// max |a - b| / max |b|.
 double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
@@ -146,6 +169,45 @@ TEST_SUITE("cli_cuda_gpu") {
           CHECK(rel_err(gpu_grads.read<double>(name), cpu_grads.read<double>(name)) < tol);
         }
       }
+    }
+  }
+
+  TEST_CASE("train --device cuda equals the CPU tool (sgd, adamw; f32)") {
+    if (!have_device()) return;
+    fixture f;
+    const auto data = f.train_data();
+    for (const auto& [optimizer, tol] : {std::pair{"sgd", 1e-4}, std::pair{"adamw", 1e-3}}) {
+      CAPTURE(optimizer);
+      const std::string common = "train --model " + q(f.dir) + " --data " + q(data) +
+                                 " --optimizer " + optimizer +
+                                 " --steps 3 --batch 2 --sched stream --chunk 7 --clip 5 "
+                                 "--schedule cosine --quiet";
+      const auto tag = std::string(optimizer);
+      const auto cpu_dir = f.dir / ("cpu_" + tag), gpu_dir = f.dir / ("gpu_" + tag);
+      const auto cpu_log = f.dir / ("cpu_" + tag + ".jsonl"),
+                 gpu_log = f.dir / ("gpu_" + tag + ".jsonl");
+      const auto cpu =
+          run(common + " --dtype f64 --log " + q(cpu_log) + " --save-model " + q(cpu_dir));
+      INFO(cpu.err);
+      REQUIRE(cpu.code == 0);
+      const auto gpu =
+          run(common + " --device cuda --log " + q(gpu_log) + " --save-model " + q(gpu_dir));
+      INFO(gpu.err);
+      REQUIRE(gpu.code == 0);
+      CHECK(gpu.out.rfind("optimizer " + tag + "  steps 3  loss ", 0) == 0);
+      const auto want = logged_losses(cpu_log), got = logged_losses(gpu_log);
+      REQUIRE(want.size() == 3);
+      REQUIRE(got.size() == want.size());
+      for (std::size_t s = 0; s < want.size(); ++s)
+        CHECK(std::abs(got[s] - want[s]) <= 1e-4 * std::abs(want[s]));
+      const auto cpu_w = safetensors_file::open(cpu_dir / "model.safetensors");
+      const auto gpu_w = safetensors_file::open(gpu_dir / "model.safetensors");
+      CHECK(gpu_w.names() == cpu_w.names());
+      for (const auto& name : cpu_w.names()) {
+        CAPTURE(name);
+        CHECK(rel_err(gpu_w.read<double>(name), cpu_w.read<double>(name)) < tol);
+      }
+      CHECK(fs::exists(gpu_dir / "config.json"));
     }
   }
 }

@@ -5,7 +5,11 @@
 // "gpu": cuda_gradients on float weights handed over as the tool does (host spans, names in
 // the model's order) for sft, grpo and dpo, stream and full, f32 to 1e-4 and bf16 to 2e-2
 // relative (max abs error / max abs reference, per tensor), and a parameter list that does not
-// match the model is an error naming the parameter.
+// match the model is an error naming the parameter. cuda_train (behind `tightfit train --device
+// cuda`) against train() on reference_backend<double> from the same float weights: sgd and adamw,
+// three steps, stream with a short chunk and clipping: every step's loss to 1e-4 relative, the
+// trained weights to 1e-4 (sgd) and 1e-3 (adamw: its first steps are about lr x sign(g), which
+// float rounding can flip where a gradient is near zero) relative per tensor.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -17,6 +21,7 @@
 #include "device_cuda.hpp"
 #include "tightfit/backend/cuda.hpp"
 #include "tightfit/backend/reference.hpp"
+#include "tightfit/optim/optim.hpp"
 
 using namespace tightfit;
 
@@ -27,8 +32,8 @@ bool tool_device() {
     const bool d = cuda_backend<float>::device_count() > 0;
     if (!d)
       std::printf(
-          "test_cuda: no CUDA device: the tool's GPU step is not compared (it needs one "
-          "GPU)\n");
+          "test_cuda: no CUDA device: the tool's GPU step and training are not compared "
+          "(they need one GPU)\n");
     return d;
   }();
   return yes;
@@ -75,6 +80,10 @@ TEST_SUITE("cuda_host") {
     job.config = tool_config();
     sft_loss loss;
     CHECK_THROWS_WITH_AS(cli::cuda_gradients(job, loss),
+                         doctest::Contains("no CUDA device is available"), tightfit::error);
+    cli::cuda_train_job train_job;
+    train_job.config = tool_config();
+    CHECK_THROWS_WITH_AS(cli::cuda_train(train_job),
                          doctest::Contains("no CUDA device is available"), tightfit::error);
   }
 }
@@ -190,5 +199,73 @@ TEST_SUITE("gpu") {
     sft_loss l;
     CHECK_THROWS_WITH_AS(cli::cuda_gradients(job, l), doctest::Contains("'not.a.parameter'"),
                          tightfit::error);
+  }
+
+  TEST_CASE("the tool's GPU training equals train() on the reference backend (sgd, adamw)") {
+    if (!tool_device()) return;
+    const model_config cfg = tool_config();
+    const index_t n = 6, t = 24;
+    std::vector<token_id> ids(static_cast<std::size_t>(n * t)), labels(ids.size());
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      ids[i] = static_cast<token_id>((i * 29 + 7) % static_cast<std::size_t>(cfg.vocab_size));
+      labels[i] = i % 5 == 0 ? ignore_index : ids[i];
+    }
+    const token_dataset data(n, t, ids, labels);
+    train_options o;
+    o.steps = 3;
+    o.batch = 2;
+    o.backward.sched = backward_schedule::stream;
+    o.backward.chunk = 7;
+    const runtime_schedule sched = runtime_schedule::parse("cosine", o.steps);
+    const double clip = 5.0;
+    const std::vector<cli::cuda_train_job::rule_type> rules{sgd_update_rule{0.05},
+                                                            adamw_update_rule{}};
+    for (const auto& rule : rules) {
+      const bool sgd = std::holds_alternative<sgd_update_rule>(rule);
+      const double tol = sgd ? 1e-4 : 1e-3;
+      CAPTURE(sgd);
+      // the reference: float weights held in double, trained by train()
+      reference_backend<double> rb;
+      decoder_model<reference_backend<double>> ref(rb, cfg);
+      ref.init_random(13, 0.3, 0.2);
+      auto& rp = ref.parameters();
+      std::vector<std::vector<float>> host(rp.size());
+      for (std::size_t i = 0; i < rp.size(); ++i)
+        for (double& v : rp.value(i)) {
+          v = static_cast<double>(static_cast<float>(v));
+          host[i].push_back(static_cast<float>(v));
+        }
+      const train_summary want = std::visit(
+          [&](const auto& r) {
+            auto opt = make_full_optimizer(ref, r, clip);
+            return train(ref, data, opt, sched, o, sft_loss{});
+          },
+          rule);
+      cli::cuda_train_job job;
+      job.config = cfg;
+      for (std::size_t i = 0; i < rp.size(); ++i)
+        job.parameters.push_back({rp.name(i), host[i], {}});
+      job.data = &data;
+      job.rule = rule;
+      job.max_grad_norm = clip;
+      job.schedule = sched;
+      job.options = o;
+      std::vector<double> step_losses;
+      job.on_step = [&](const train_step& s) { step_losses.push_back(s.result->loss); };
+      const auto got = cli::cuda_train(job);
+      REQUIRE(got.summary.losses.size() == want.losses.size());
+      CHECK(step_losses == got.summary.losses);
+      for (std::size_t s = 0; s < want.losses.size(); ++s) {
+        CAPTURE(s);
+        CHECK(std::abs(got.summary.losses[s] - want.losses[s]) <= 1e-4 * std::abs(want.losses[s]));
+      }
+      CHECK(got.summary.peak_bytes > 0);
+      CHECK(!got.device_name.empty());
+      for (std::size_t i = 0; i < rp.size(); ++i) {
+        CAPTURE(rp.name(i));
+        const std::vector<double> trained(rp.value(i).begin(), rp.value(i).end());
+        CHECK(max_rel(std::vector<double>(host[i].begin(), host[i].end()), trained) < tol);
+      }
+    }
   }
 }
