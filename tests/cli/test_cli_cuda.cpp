@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cli_testing.hpp"
+#include "support/testing.hpp"
 #include "tightfit/backend/reference.hpp"
 #include "tightfit/io/safetensors.hpp"
 #include "tightfit/nn/hf_model.hpp"
@@ -111,17 +112,6 @@ std::vector<double> logged_losses(const fs::path& log) {
   return losses;
 }
 
-/// max |a - b| / max |b|.
-double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
-  REQUIRE(a.size() == b.size());
-  double num = 0, den = 1e-30;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::abs(a[i] - b[i]));
-    den = std::max(den, std::abs(b[i]));
-  }
-  return num / den;
-}
-
 }  // namespace
 
 TEST_SUITE("cli_cuda_host") {
@@ -166,7 +156,8 @@ TEST_SUITE("cli_cuda_gpu") {
         CHECK(gpu_grads.names() == cpu_grads.names());
         for (const auto& name : cpu_grads.names()) {
           CAPTURE(name);
-          CHECK(rel_err(gpu_grads.read<double>(name), cpu_grads.read<double>(name)) < tol);
+          CHECK(testing::max_rel_diff(gpu_grads.read<double>(name), cpu_grads.read<double>(name)) <
+                tol);
         }
       }
     }
@@ -205,7 +196,7 @@ TEST_SUITE("cli_cuda_gpu") {
       CHECK(gpu_w.names() == cpu_w.names());
       for (const auto& name : cpu_w.names()) {
         CAPTURE(name);
-        CHECK(rel_err(gpu_w.read<double>(name), cpu_w.read<double>(name)) < tol);
+        CHECK(testing::max_rel_diff(gpu_w.read<double>(name), cpu_w.read<double>(name)) < tol);
       }
       CHECK(fs::exists(gpu_dir / "config.json"));
     }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "device_cuda.hpp"
+#include "support/testing.hpp"
 #include "tightfit/backend/cuda.hpp"
 #include "tightfit/backend/reference.hpp"
 #include "tightfit/optim/optim.hpp"
@@ -37,16 +38,6 @@ bool tool_device() {
     return d;
   }();
   return yes;
-}
-
-double max_rel(const std::vector<double>& a, const std::vector<double>& b) {
-  REQUIRE(a.size() == b.size());
-  double num = 0, den = 1e-30;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::abs(a[i] - b[i]));
-    den = std::max(den, std::abs(b[i]));
-  }
-  return num / den;
 }
 
 model_config tool_config() {
@@ -182,7 +173,8 @@ TEST_SUITE("gpu") {
             CAPTURE(rp.name(i));
             CHECK(job.parameters[i].computed == rp.has_grad(i));
             if (!job.parameters[i].computed) continue;
-            CHECK(max_rel(std::vector<double>(grads[i].begin(), grads[i].end()), want[i]) < tol);
+            CHECK(testing::max_rel_diff(std::vector<double>(grads[i].begin(), grads[i].end()),
+                                        want[i]) < tol);
           }
         }
     }
@@ -264,7 +256,8 @@ TEST_SUITE("gpu") {
       for (std::size_t i = 0; i < rp.size(); ++i) {
         CAPTURE(rp.name(i));
         const std::vector<double> trained(rp.value(i).begin(), rp.value(i).end());
-        CHECK(max_rel(std::vector<double>(host[i].begin(), host[i].end()), trained) < tol);
+        CHECK(testing::max_rel_diff(std::vector<double>(host[i].begin(), host[i].end()), trained) <
+              tol);
       }
     }
   }
