@@ -12,6 +12,7 @@
 #include <array>
 #include <cmath>
 #include <exception>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <utility>
@@ -143,6 +144,40 @@ inline void merge_phase(mebb_result& r, const mebb_result& r2) {
   r.flags |= r2.flags & (mebb_not_converged | mebb_line | mebb_flat);
 }
 
+// The grip cut (docs/mebb.md): a side face of `r` held out by a grip below the top (r.face_cut[f]
+// > 0, the depth from the face) that nothing above the top overhangs (grip_overhangs over `above`,
+// every point above the belt cut) loses the points within that depth, in `q` (the cleaned points)
+// and `raw`, and the faces are solved again. Afterwards r.face_cut holds the cuts applied: zero
+// where none was (no candidate, an overhang, or fewer than o.min_points left).
+inline void cut_grips(mebb_result& r, points& q, points& raw, const points& above,
+                      const mebb_options& o) {
+  std::array<double, 6> cuts{};
+  bool any = false;
+  for (std::size_t f = 0; f < 4; ++f)
+    if (r.face_cut[f] > 0 && !grip_overhangs(above, r.box, static_cast<int>(f), r.face_cut[f], o))
+      cuts[f] = r.face_cut[f], any = true;
+  r.face_cut = {};
+  if (!any) return;
+  const oriented_box b0 = r.box;
+  auto kept = [&](const point3& x) {  // not within the cut of a trimmed face
+    const point3 u = b0.rotation.transpose() * (x - b0.centre);
+    for (std::size_t f = 0; f < 4; ++f) {
+      const auto a = static_cast<int>(f / 2), b = 1 - a;
+      const double s = f % 2 ? -1.0 : 1.0;
+      const double inward = b0.extent[a] / 2 - s * u[a];
+      if (cuts[f] > 0 && inward < cuts[f] && std::abs(u[b]) <= b0.extent[b] / 2) return false;
+    }
+    return true;
+  };
+  points q2, raw2;
+  std::copy_if(q.begin(), q.end(), std::back_inserter(q2), kept);
+  std::copy_if(raw.begin(), raw.end(), std::back_inserter(raw2), kept);
+  if (q2.size() < o.min_points) return;
+  r = mebb_solve(q2, true, o, &raw2);
+  r.face_cut = cuts;
+  q = std::move(q2), raw = std::move(raw2);
+}
+
 // The points of `cloud` in the frame `t` at height >= cut (all points when cut is -inf).
 template <PointCloud C>
 points transformed_above(const C& cloud, const rigid_transform& t, double cut) {
@@ -222,41 +257,7 @@ measurement measure(const C& cloud, box_method method = box_method::mebb, belt_c
           on_belt ? "belt removal, " : "", "voxel grid ", o.voxel,
           ", clustering, outlier removal), expected at least ", o.min_points);
     mebb_result r = mebb_solve(q, on_belt, o, &raw);
-    if (on_belt && o.solid_grip_trim) {  // a face held out by a grip: cut it off, solve again
-      std::array<double, 6> grip_cut{};
-      bool any = false;
-      for (int f = 0; f < 4; ++f) {
-        const auto ff = static_cast<std::size_t>(f);
-        if (r.face_cut[ff] > 0 && !grip_overhangs(p, r.box, f, r.face_cut[ff], o))
-          grip_cut[ff] = r.face_cut[ff], any = true;
-      }
-      if (any) {
-        const oriented_box b0 = r.box;
-        auto keep = [&](const point3& x) {  // not past the cut of a trimmed face
-          const point3 u = b0.rotation.transpose() * (x - b0.centre);
-          for (int f = 0; f < 4; ++f) {
-            const int a = f / 2, b = 1 - a;
-            const double s = f % 2 ? -1.0 : 1.0;
-            const double in = b0.extent[a] / 2 - s * u[a];
-            if (grip_cut[static_cast<std::size_t>(f)] > 0 &&
-                in < grip_cut[static_cast<std::size_t>(f)] && std::abs(u[b]) <= b0.extent[b] / 2)
-              return false;
-          }
-          return true;
-        };
-        points q2, raw2;
-        for (const auto& x : q)
-          if (keep(x)) q2.push_back(x);
-        for (const auto& x : raw)
-          if (keep(x)) raw2.push_back(x);
-        if (q2.size() >= o.min_points) {
-          r = mebb_solve(q2, on_belt, o, &raw2);
-          for (std::size_t f = 0; f < 4; ++f) r.face_cut[f] = grip_cut[f];
-          q = std::move(q2), raw = std::move(raw2);
-        }
-      }
-      if (!any) r.face_cut = {};  // candidates that something overhangs: not cut
-    }
+    if (on_belt && o.solid_grip_trim) detail::cut_grips(r, q, raw, p, o);
     if (on_belt)
       r.top_past = top_past_face_share(p, r.box, o, r.face_cut);  // before phase_check's merge
     if (o.phase_check) {
