@@ -5,7 +5,8 @@
 // ZeRO-1 for the full optimizers, the active block only for BAdam / BREAD-SGD) or sequence
 // parallelism (--parallel sequence: every rank the step's rows, a shard of their positions;
 // ZeRO-1 for the full optimizers, BAdam). --device cuda trains with adam, adamw or sgd on one
-// GPU (device_cuda.hpp): the host loads and checks as for the CPU, the device runs the steps.
+// GPU (device_cuda.hpp): the host loads and checks as for the CPU, the device runs the steps;
+// --dtype bf16 there (adam, adamw): bf16 weights and gradients, fp32 master weights and moments.
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -60,9 +61,10 @@ void train_usage(std::FILE* out) {
       "                       their positions\n"
       "                       (--assignment zigzag|contiguous, default zigzag); adam, adamw,\n"
       "                       sgd (ZeRO-1) and badam; --sched stream or checkpoint\n"
-      "  --dtype f32|f64      value type of weights, gradients and state (default f32)\n"
+      "  --dtype f32|f64|bf16 value type of weights, gradients and state (default f32); bf16:\n"
+      "                       --device cuda with adam / adamw, fp32 master weights and moments\n"
       "  --device cpu|cuda    where to train (default cpu); cuda: the first visible GPU, in\n"
-      "                       f32, with adam, adamw or sgd in one process (a tightfit built\n"
+      "                       f32 (adam, adamw, sgd) or bf16 (adam, adamw), one process (built\n"
       "                       with -DTIGHTFIT_WITH_CUDA=ON); not with --grad-accum > 1,\n"
       "                       --resume or --save-state\n"
       "  --lr X               learning rate of the update rule (default 1e-3; sgd 1e-2)\n"
@@ -186,11 +188,12 @@ void validate(const args& a) {
     if (a.optimizer != "adam" && a.optimizer != "adamw" && a.optimizer != "sgd")
       throw usage_error{"--device cuda trains adam, adamw and sgd; not --optimizer " + a.optimizer +
                         " yet (docs/cuda.md)"};
-    if (a.dtype == "bf16")
+    if (a.dtype == "bf16" && a.optimizer == "sgd")
       throw usage_error{
-          "--device cuda --dtype bf16: bf16 training (fp32 master weights and state) is not "
-          "done yet; train in f32 (docs/cuda.md)"};
-    if (a.dtype != "f32") throw usage_error{"--device cuda trains in --dtype f32, not " + a.dtype};
+          "--device cuda --dtype bf16 trains adam and adamw (fp32 master weights and moments); "
+          "not --optimizer sgd yet (train sgd in f32)"};
+    if (a.dtype != "f32" && a.dtype != "bf16")
+      throw usage_error{"--device cuda trains in --dtype f32 or bf16, not " + a.dtype};
     if (!a.parallel.empty())
       throw usage_error{"--parallel " + a.parallel +
                         " runs on the CPU only; --device cuda trains in one process on one GPU"};
@@ -202,9 +205,9 @@ void validate(const args& a) {
                         " with --device cuda is not done yet (the optimizer state stays on the "
                         "GPU)"};
   }
-  if (a.dtype != "f32" && a.dtype != "f64")
+  if (a.dtype != "f32" && a.dtype != "f64" && !(a.dtype == "bf16" && a.device == "cuda"))
     throw usage_error{"--dtype is '" + a.dtype + "', expected f32 or f64" +
-                      (a.dtype == "bf16" ? " (bf16 training on the GPU is not done yet)" : "")};
+                      (a.dtype == "bf16" ? " (bf16 trains on the GPU: --device cuda)" : "")};
   if (!a.parallel.empty() && a.parallel != "data" && a.parallel != "sequence")
     throw usage_error{"--parallel is '" + a.parallel + "', expected data or sequence"};
 #if !defined(TIGHTFIT_HAS_MPI)
@@ -410,6 +413,7 @@ int train_on_cuda(decoder_model<eigen_backend<float>>& model, const token_datase
                   const args& a) {
   cuda_train_job job;
   job.config = model.config();
+  job.dtype = a.dtype == "bf16" ? cuda_dtype::bf16 : cuda_dtype::f32;
   auto& p = model.parameters();
   for (std::size_t i = 0; i < p.size(); ++i) job.parameters.push_back({p.name(i), p.value(i), {}});
   job.data = &data;

@@ -4,14 +4,17 @@
 // the weights to cuda_backend<float> or cuda_backend<__nv_bfloat16> (bf16: rounded on upload),
 // runs the same compute_gradients, and writes every gradient back into the host model's
 // gradient spans in float, so the CPU path's checks, --out file and JSON line follow unchanged.
-// cmd_train.cpp likewise fills a cuda_train_job: the device trains a float copy of the host
-// model with a full-parameter optimizer (Adam, AdamW, SGD) under optim/train.hpp's train(), the
-// host's callbacks print and log each step, and the trained weights come back into the host
-// model's value spans, so the CPU path's summary line and --save-model follow unchanged.
+// cmd_train.cpp likewise fills a cuda_train_job: the device trains a copy of the host model
+// with a full-parameter optimizer under optim/train.hpp's train() (f32: Adam, AdamW, SGD; bf16:
+// Adam, AdamW with fp32 master weights and moments), the host's callbacks print and log each
+// step, and the trained weights come back into the host model's value spans, so the CPU path's
+// summary line and --save-model follow unchanged. cmd_bench.cpp fills a cuda_bench_job per row
+// of `tightfit bench stream --device cuda`: a random model made on the device, one gradient pass.
 // Invariant: the job's parameters are the host model's, in its order, with the names and sizes
 // the device model of the same config has (checked; a mismatch is a tightfit::error).
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <span>
 #include <string>
@@ -60,11 +63,14 @@ struct cuda_grad_result {
   std::string device_name;
 };
 
-/// Training with a full-parameter optimizer on the GPU (float storage only: bf16 training needs
-/// fp32 master weights, which full_optimizer does not keep).
+/// Training with a full-parameter optimizer on the GPU. f32: make_full_optimizer (adam, adamw,
+/// sgd). bf16: the forward and backward read a bf16 copy of the weights and produce bf16
+/// gradients; fp32 master weights and Adam / AdamW moments are updated (the backend's
+/// mixed-precision adam_update) and the bf16 copy rewritten after each step; sgd is refused.
 struct cuda_train_job {
   using rule_type = std::variant<adam_update_rule, adamw_update_rule, sgd_update_rule>;
   model_config config;
+  cuda_dtype dtype = cuda_dtype::f32;
   int device = 0;
   std::vector<host_tensor> parameters;  ///< the host model's, in its order (grad unused)
   const token_dataset* data = nullptr;  ///< host rows
@@ -83,6 +89,28 @@ struct cuda_train_result {
   std::string device_name;
 };
 
+/// One row of `tightfit bench stream --device cuda`: a model of `config` initialised on the
+/// device (init_random(seed): no host weights), one compute_gradients on the batch.
+struct cuda_bench_job {
+  model_config config;
+  cuda_dtype dtype = cuda_dtype::f32;
+  int device = 0;
+  std::uint64_t seed = 1;
+  token_batch batch;  ///< host spans
+  backward_options options;
+};
+
+/// What the row measured: seconds of forward + backward (the stream synchronised before the
+/// clock is read at each end), the backend's peak device bytes (parameters, gradients,
+/// activations and scratch, from its memory counter), the GEMM and attention flops.
+struct cuda_bench_result {
+  backward_result result;
+  double seconds = 0;
+  std::size_t peak_device_bytes = 0;
+  double flops = 0;
+  std::string device_name;
+};
+
 /// Throws tightfit::error naming --device cuda unless CUDA device `device` exists (no
 /// device, no driver, CUDA_VISIBLE_DEVICES hiding them all).
 void require_cuda_device(int device);
@@ -91,6 +119,11 @@ void require_cuda_device(int device);
 cuda_grad_result cuda_gradients(cuda_grad_job& job, sft_loss& loss);
 cuda_grad_result cuda_gradients(cuda_grad_job& job, grpo_loss& loss);
 cuda_grad_result cuda_gradients(cuda_grad_job& job, dpo_loss& loss);
+
+/// One bench row on the GPU under `loss` (device_cuda.cu).
+cuda_bench_result cuda_bench(const cuda_bench_job& job, sft_loss& loss);
+cuda_bench_result cuda_bench(const cuda_bench_job& job, grpo_loss& loss);
+cuda_bench_result cuda_bench(const cuda_bench_job& job, dpo_loss& loss);
 
 /// Trains the host model of `job` on the GPU with the SFT loss (device_cuda.cu); the trained
 /// weights are written into job.parameters[i].value.

@@ -120,7 +120,10 @@ inline int lines(const std::string& s) {
 
 /// Single-quoted for the shell (paths here hold no quote).
 inline std::string q(const fs::path& p) {
-  return "'" + p.string() + "'";
+  std::string out = "'";  // appended, not "'" + string: GCC 12 -Wrestrict false positive
+  out += p.string();
+  out += '\'';
+  return out;
 }
 
 }  // namespace tightfit::cli_testing

@@ -178,8 +178,9 @@ TEST_CASE("--device and --dtype: bad values are argument errors naming them") {
       {"train --preset tiny --data x --optimizer bread-lora --device cuda",
        "--optimizer bread-lora"},
       {"train --preset tiny --data x --optimizer lora --device cuda", "--optimizer lora"},
-      {"train --preset tiny --data x --optimizer adam --device cuda --dtype bf16",
-       "--dtype bf16: bf16 training"},
+      {"train --preset tiny --data x --optimizer sgd --device cuda --dtype bf16",
+       "not --optimizer sgd yet"},
+      {"train --preset tiny --data x --optimizer adam --device cuda --dtype f16", "not f16"},
       {"train --preset tiny --data x --optimizer adam --device cuda --dtype f64", "not f64"},
       {"train --preset tiny --data x --optimizer sgd --device cuda --parallel data",
        "--parallel data"},
@@ -190,8 +191,16 @@ TEST_CASE("--device and --dtype: bad values are argument errors naming them") {
        "--save-state"},
       {"train --preset tiny --data x --optimizer adam --device tpu", "'tpu'"},
       {"train --preset tiny --data x --optimizer adam --dtype bf16", "'bf16'"},
-      {"bench stream --device cuda", "bench/cuda/bench_cuda"},
       {"bench stream --device tpu", "'tpu'"},
+      {"bench stream --device", "--device needs a value"},
+      {"bench stream --dtype bf16", "--dtype bf16 needs --device cuda"},
+      {"bench stream --device cpu --dtype bf16", "--dtype bf16 needs --device cuda"},
+      {"bench stream --device cuda --dtype f16", "'f16'"},
+      {"bench stream --device cuda --compare", "--compare"},
+      {"bench stream --device cuda --seq 0", "--seq"},
+      {"bench stream --device cuda --schedules stream-k0", "stream-k0"},
+      {"bench stream --device cuda --preset nope", "nope"},
+      {"bench stream --device cuda --objective dpo --batch 3", "--batch"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.args);
@@ -244,6 +253,27 @@ TEST_CASE("train --device cuda without a CUDA build or a device: exit 1 before r
   CHECK(r.err.find("-DTIGHTFIT_WITH_CUDA=ON") != std::string::npos);
 #endif
   CHECK(!fs::exists(out));
+}
+
+// bench stream likewise, after its options are checked and before the --csv file is written.
+TEST_CASE("bench stream --device cuda without a CUDA build or a device: exit 1 naming the reason") {
+  fixture f;
+  const auto csv = f.dir / "device_bench.csv";
+  for (const std::string dtype : {"f32", "bf16"}) {
+    CAPTURE(dtype);
+    const auto r = cli_testing::run_with(
+        "CUDA_VISIBLE_DEVICES= ", "bench stream --device cuda --dtype " + dtype +
+                                      " --preset small --seq 64 --csv '" + csv.string() + "'");
+    CHECK(r.code == 1);
+    CHECK(r.out.empty());
+    CHECK(cli_testing::problem_lines(r.err).size() == 1);
+#if defined(TIGHTFIT_CLI_CUDA)
+    CHECK(r.err.find("--device cuda: no CUDA device is available") != std::string::npos);
+#else
+    CHECK(r.err.find("--device cuda: this tightfit was built without CUDA") != std::string::npos);
+#endif
+    CHECK(!fs::exists(csv));
+  }
 }
 
 TEST_CASE("logprobs: forward-only log-probs that grad reads back without renaming") {

@@ -8,18 +8,27 @@
 //    bf16 to 2e-2 relative (max abs difference / max abs CPU value, per tensor); and `tightfit
 //    train --device cuda` against the CPU tool (--dtype f64) for sgd and adamw: the same summary
 //    line, every logged loss to 1e-4 relative, the saved weights to 1e-4 (sgd) and 1e-3 (adamw)
-//    relative per tensor. Without a device it prints one line and passes.
+//    relative per tensor; `train --device cuda --dtype bf16` (adamw, fp32 master weights) against
+//    the CPU tool in f32: each logged loss within 2e-2 relative, and falling step by step on a
+//    fixed batch; `bench stream --device cuda` (f32, bf16): a CSV row per schedule whose losses
+//    agree (1e-4 f32, 2e-2 bf16), stream's activation peak below full's.
+//    Without a device it prints one line and passes. The host suite also checks that train
+//    --dtype bf16 and bench --device cuda exit 1 without a device, before any file is touched.
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "cli_testing.hpp"
+#include "support/model_configs.hpp"
 #include "support/testing.hpp"
 #include "tightfit/backend/reference.hpp"
 #include "tightfit/io/safetensors.hpp"
@@ -49,20 +58,9 @@ bool have_device() {
 /// A random model directory (GQA 8/2 heads of 16, q/k-norm, untied) and a padded sft batch.
 struct fixture {
   fs::path dir = cli_testing::scratch("cuda_model");
-  model_config cfg;
+  model_config cfg = testing::small_gqa_config(301);
   fs::path batch = dir / "batch.safetensors";
   fixture() {
-    cfg.architecture = "Qwen3ForCausalLM";
-    cfg.vocab_size = 301;
-    cfg.hidden_size = 64;
-    cfg.intermediate_size = 96;
-    cfg.num_hidden_layers = 2;
-    cfg.num_attention_heads = 8;
-    cfg.num_key_value_heads = 2;
-    cfg.head_dim = 16;
-    cfg.rms_norm_eps = 1e-6;
-    cfg.rope_theta = 10000;
-    cfg.qk_norm = true;
     reference_backend<double> be;
     decoder_model<reference_backend<double>> model(be, cfg);
     model.init_random(7, 0.3, 0.2);
@@ -127,9 +125,115 @@ TEST_SUITE("cli_cuda_host") {
     CHECK(r.err.find("--device cuda: no CUDA device is available") != std::string::npos);
     CHECK(!fs::exists(out));
   }
+
+  TEST_CASE("train --dtype bf16 and bench --device cuda with no visible device: exit 1 first") {
+    fixture f;
+    const auto out = f.dir / "none_trained";
+    const auto missing = f.dir / "no_such.safetensors";
+    const std::string train_args = "train --device cuda --dtype bf16 --optimizer adamw --model " +
+                                   q(f.dir) + " --data " + q(missing) + " --save-model " + q(out);
+    const auto t = cli_testing::run_with("CUDA_VISIBLE_DEVICES= ", train_args);
+    CHECK(t.code == 1);
+    CHECK(t.out.empty());
+    CHECK(t.err.find("--device cuda: no CUDA device is available") != std::string::npos);
+    CHECK(!fs::exists(out));
+    const auto csv = f.dir / "none.csv";
+    const auto b = cli_testing::run_with(
+        "CUDA_VISIBLE_DEVICES= ",
+        "bench stream --device cuda --dtype bf16 --preset small --seq 64 --csv " + q(csv));
+    CHECK(b.code == 1);
+    CHECK(b.out.empty());
+    CHECK(b.err.find("--device cuda: no CUDA device is available") != std::string::npos);
+    CHECK(!fs::exists(csv));
+  }
 }
 
+namespace {
+
+/// The rows of a `bench stream --device cuda` CSV: schedule -> (loss, peak_activation_bytes,
+/// peak_device_bytes), after checking the header's columns.
+std::map<std::string, std::array<double, 3>> bench_rows(const fs::path& csv) {
+  std::ifstream in(csv);
+  std::string line;
+  std::getline(in, line);
+  CHECK(line ==
+        "objective,schedule,T,chunk,batch,dtype,device,peak_device_bytes,peak_activation_bytes,"
+        "bytes_per_token,total_s,gflops,loss,statistics_s");
+  std::map<std::string, std::array<double, 3>> rows;
+  while (std::getline(in, line)) {
+    std::vector<std::string> cell;
+    std::stringstream ss(line);
+    for (std::string c; std::getline(ss, c, ',');) cell.push_back(c);
+    REQUIRE(cell.size() == 14);
+    rows[cell[1]] = {std::stod(cell[12]), std::stod(cell[8]), std::stod(cell[7])};
+  }
+  return rows;
+}
+
+}  // namespace
+
 TEST_SUITE("cli_cuda_gpu") {
+  TEST_CASE("bench stream --device cuda: every schedule's row, the same loss, less for stream") {
+    if (!have_device()) return;
+    const auto dir = cli_testing::scratch("cuda_bench");
+    std::map<std::string, double> f32_loss;
+    for (const auto& [dtype, tol] : {std::pair{"f32", 1e-4}, std::pair{"bf16", 2e-2}}) {
+      CAPTURE(dtype);
+      const auto csv = dir / (std::string(dtype) + ".csv");
+      const auto r = run(std::string("bench stream --device cuda --dtype ") + dtype +
+                         " --preset small --seq 256 --chunk 64 "
+                         "--schedules full,checkpoint,stream,stream-k2 --csv " +
+                         q(csv));
+      INFO(r.err);
+      REQUIRE(r.code == 0);
+      CHECK(r.out.find("tightfit bench stream --device cuda") != std::string::npos);
+      const auto rows = bench_rows(csv);
+      REQUIRE(rows.size() == 4);
+      const double full = rows.at("full")[0];
+      CHECK(std::isfinite(full));
+      for (const auto& [sched, v] : rows) {
+        CAPTURE(sched);
+        CHECK(std::abs(v[0] - full) <= tol * std::abs(full));
+        CHECK(v[1] > 0);
+        CHECK(v[2] > v[1]);  // parameters and gradients on top of the activations
+      }
+      CHECK(rows.at("stream")[1] < rows.at("full")[1]);
+      if (f32_loss.empty())
+        f32_loss["full"] = full;
+      else
+        CHECK(std::abs(full - f32_loss["full"]) <= tol * std::abs(f32_loss["full"]));
+    }
+  }
+
+  TEST_CASE("train --device cuda --dtype bf16 (adamw): the loss falls, within 2e-2 of the CPU") {
+    if (!have_device()) return;
+    fixture f;
+    const auto data = f.train_data();
+    // 6 rows, batch 6: every step trains on the same rows, so the loss must fall
+    const std::string common = "train --model " + q(f.dir) + " --data " + q(data) +
+                               " --optimizer adamw --lr 3e-3 --steps 4 --batch 6 --sched stream "
+                               "--chunk 7 --clip 5 --quiet";
+    const auto cpu_log = f.dir / "cpu_bf16ref.jsonl", gpu_log = f.dir / "gpu_bf16.jsonl";
+    const auto cpu = run(common + " --dtype f32 --log " + q(cpu_log));
+    INFO(cpu.err);
+    REQUIRE(cpu.code == 0);
+    const auto gpu_dir = f.dir / "gpu_bf16";
+    const auto gpu = run(common + " --device cuda --dtype bf16 --log " + q(gpu_log) +
+                         " --save-model " + q(gpu_dir));
+    INFO(gpu.err);
+    REQUIRE(gpu.code == 0);
+    CHECK(gpu.out.rfind("optimizer adamw  steps 4  loss ", 0) == 0);
+    const auto want = logged_losses(cpu_log), got = logged_losses(gpu_log);
+    REQUIRE(want.size() == 4);
+    REQUIRE(got.size() == want.size());
+    for (std::size_t s = 0; s < want.size(); ++s) {
+      CAPTURE(s);
+      CHECK(std::abs(got[s] - want[s]) <= 2e-2 * std::abs(want[s]));
+      if (s > 0) CHECK(got[s] < got[s - 1]);
+    }
+    CHECK(fs::exists(gpu_dir / "model.safetensors"));
+  }
+
   TEST_CASE("grad --device cuda equals the CPU tool: f32 to 1e-4, bf16 to 2e-2") {
     if (!have_device()) return;
     fixture f;

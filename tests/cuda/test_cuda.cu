@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "support/model_configs.hpp"
 #include "tightfit/backend/cuda.hpp"
 #include "tightfit/backend/reference.hpp"
 #include "tightfit/loss/sft.hpp"
@@ -596,17 +597,7 @@ TEST_SUITE("gpu") {
 
   TEST_CASE("stream, checkpoint and full equal the reference backend on the GPU (float)") {
     TIGHTFIT_NEED_DEVICE();
-    model_config cfg;
-    cfg.vocab_size = 301;
-    cfg.hidden_size = 64;
-    cfg.intermediate_size = 96;
-    cfg.num_hidden_layers = 2;
-    cfg.num_attention_heads = 8;
-    cfg.num_key_value_heads = 2;
-    cfg.head_dim = 16;
-    cfg.rms_norm_eps = 1e-6;
-    cfg.rope_theta = 10000;
-    cfg.qk_norm = true;
+    const model_config cfg = testing::small_gqa_config(301);
     const index_t b = 2, t = 150;
     std::mt19937_64 gen(5);
     std::uniform_int_distribution<token_id> tok(0, cfg.vocab_size - 1);

@@ -9,9 +9,16 @@
 // cuda`) against train() on reference_backend<double> from the same float weights: sgd and adamw,
 // three steps, stream with a short chunk and clipping: every step's loss to 1e-4 relative, the
 // trained weights to 1e-4 (sgd) and 1e-3 (adamw: its first steps are about lr x sign(g), which
-// float rounding can flip where a gradient is near zero) relative per tensor.
+// float rounding can flip where a gradient is near zero) relative per tensor. bf16 training
+// (fp32 master weights and moments) against the same reference for adam and adamw on a fixed
+// batch: every loss within 2e-2 relative and falling, the fp32 master weights returned (most
+// are not bf16 values) and each within 3 x steps x lr of the reference's (an Adam step moves an
+// element by about lr), 12 state bytes per parameter. The bench row (cuda_bench, behind `tightfit
+// bench stream --device cuda`): full, checkpoint and stream agree on the loss (f32 1e-4, bf16
+// 2e-2), checkpoint and stream peak below full in activation bytes.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -19,6 +26,7 @@
 #include <vector>
 
 #include "device_cuda.hpp"
+#include "support/model_configs.hpp"
 #include "support/testing.hpp"
 #include "tightfit/backend/cuda.hpp"
 #include "tightfit/backend/reference.hpp"
@@ -41,18 +49,22 @@ bool tool_device() {
 }
 
 model_config tool_config() {
-  model_config cfg;
-  cfg.vocab_size = 211;
-  cfg.hidden_size = 64;
-  cfg.intermediate_size = 96;
-  cfg.num_hidden_layers = 2;
-  cfg.num_attention_heads = 8;
-  cfg.num_key_value_heads = 2;
-  cfg.head_dim = 16;
-  cfg.rms_norm_eps = 1e-6;
-  cfg.rope_theta = 10000;
-  cfg.qk_norm = true;
-  return cfg;
+  return testing::small_gqa_config(211);
+}
+
+/// `model` initialised by init_random(seed, 0.3, 0.2) and rounded to float, as the tool loads
+/// it; returns those float weights per parameter (the host spans a job hands over).
+std::vector<std::vector<float>> float_weights(decoder_model<reference_backend<double>>& model,
+                                              std::uint64_t seed) {
+  model.init_random(seed, 0.3, 0.2);
+  auto& p = model.parameters();
+  std::vector<std::vector<float>> host(p.size());
+  for (std::size_t i = 0; i < p.size(); ++i)
+    for (double& v : p.value(i)) {
+      v = static_cast<double>(static_cast<float>(v));
+      host[i].push_back(static_cast<float>(v));
+    }
+  return host;
 }
 
 }  // namespace
@@ -76,6 +88,22 @@ TEST_SUITE("cuda_host") {
     train_job.config = tool_config();
     CHECK_THROWS_WITH_AS(cli::cuda_train(train_job),
                          doctest::Contains("no CUDA device is available"), tightfit::error);
+    train_job.dtype = cli::cuda_dtype::bf16;
+    CHECK_THROWS_WITH_AS(cli::cuda_train(train_job),
+                         doctest::Contains("no CUDA device is available"), tightfit::error);
+    cli::cuda_bench_job bench_job;
+    bench_job.config = tool_config();
+    CHECK_THROWS_WITH_AS(cli::cuda_bench(bench_job, loss),
+                         doctest::Contains("no CUDA device is available"), tightfit::error);
+  }
+
+  TEST_CASE("the tool's bf16 training refuses sgd by name, before any device call") {
+    cli::cuda_train_job job;
+    job.config = tool_config();
+    job.dtype = cli::cuda_dtype::bf16;
+    job.rule = sgd_update_rule{};
+    CHECK_THROWS_WITH_AS(cli::cuda_train(job), doctest::Contains("not --optimizer sgd"),
+                         tightfit::error);
   }
 }
 
@@ -97,14 +125,8 @@ TEST_SUITE("gpu") {
     // the reference model: float weights (what the tool loads), held in double
     reference_backend<double> rb;
     decoder_model<reference_backend<double>> ref(rb, cfg);
-    ref.init_random(11, 0.3, 0.2);
+    auto host = float_weights(ref, 11);
     auto& rp = ref.parameters();
-    std::vector<std::vector<float>> host(rp.size());
-    for (std::size_t i = 0; i < rp.size(); ++i)
-      for (double& v : rp.value(i)) {
-        v = static_cast<double>(static_cast<float>(v));
-        host[i].push_back(static_cast<float>(v));
-      }
     const struct {
       const char* name;
       std::function<backward_result(decoder_model<reference_backend<double>>&,
@@ -219,14 +241,8 @@ TEST_SUITE("gpu") {
       // the reference: float weights held in double, trained by train()
       reference_backend<double> rb;
       decoder_model<reference_backend<double>> ref(rb, cfg);
-      ref.init_random(13, 0.3, 0.2);
+      auto host = float_weights(ref, 13);
       auto& rp = ref.parameters();
-      std::vector<std::vector<float>> host(rp.size());
-      for (std::size_t i = 0; i < rp.size(); ++i)
-        for (double& v : rp.value(i)) {
-          v = static_cast<double>(static_cast<float>(v));
-          host[i].push_back(static_cast<float>(v));
-        }
       const train_summary want = std::visit(
           [&](const auto& r) {
             auto opt = make_full_optimizer(ref, r, clip);
@@ -259,6 +275,124 @@ TEST_SUITE("gpu") {
         CHECK(testing::max_rel_diff(std::vector<double>(host[i].begin(), host[i].end()), trained) <
               tol);
       }
+    }
+  }
+  TEST_CASE("the tool's bench rows: full, checkpoint and stream agree on the loss (f32, bf16)") {
+    if (!tool_device()) return;
+    const model_config cfg = tool_config();
+    const index_t b = 2, t = 96;
+    std::vector<token_id> ids(static_cast<std::size_t>(b * t)), targets(ids.size());
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      ids[i] = static_cast<token_id>((i * 37 + 5) % static_cast<std::size_t>(cfg.vocab_size));
+      targets[i] = static_cast<token_id>((i * 11 + 3) % static_cast<std::size_t>(cfg.vocab_size));
+    }
+    double f32_full = 0;
+    for (const auto dtype : {cli::cuda_dtype::f32, cli::cuda_dtype::bf16}) {
+      const double tol = dtype == cli::cuda_dtype::f32 ? 1e-4 : 2e-2;
+      CAPTURE(tol);
+      double full_loss = 0;
+      std::size_t full_act = 0;
+      for (const auto sched :
+           {backward_schedule::full, backward_schedule::checkpoint, backward_schedule::stream}) {
+        const std::string sched_name = to_string(sched);
+        CAPTURE(sched_name);
+        cli::cuda_bench_job job;
+        job.config = cfg;
+        job.dtype = dtype;
+        job.batch = {b, t, ids, targets, {}};
+        job.options.sched = sched;
+        job.options.chunk = 32;
+        sft_loss loss;
+        const auto r = cli::cuda_bench(job, loss);
+        CHECK(std::isfinite(r.result.loss));
+        CHECK(r.seconds > 0);
+        CHECK(r.flops > 0);
+        CHECK(r.peak_device_bytes > r.result.peak_activation_bytes);
+        CHECK(!r.device_name.empty());
+        if (sched == backward_schedule::full) {
+          full_loss = r.result.loss;
+          full_act = r.result.peak_activation_bytes;
+          if (dtype == cli::cuda_dtype::f32)
+            f32_full = full_loss;
+          else
+            CHECK(std::abs(full_loss - f32_full) <= tol * std::abs(f32_full));
+        } else {
+          CHECK(std::abs(r.result.loss - full_loss) <= tol * std::abs(full_loss));
+          CHECK(r.result.peak_activation_bytes < full_act);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("the tool's bf16 training (adam, adamw): within 2e-2 of train() in double, falling") {
+    if (!tool_device()) return;
+    const model_config cfg = tool_config();
+    const index_t n = 4, t = 24;
+    std::vector<token_id> ids(static_cast<std::size_t>(n * t)), labels(ids.size());
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      ids[i] = static_cast<token_id>((i * 29 + 7) % static_cast<std::size_t>(cfg.vocab_size));
+      labels[i] = i % 5 == 0 ? ignore_index : ids[i];
+    }
+    const token_dataset data(n, t, ids, labels);
+    train_options o;
+    o.steps = 4;
+    o.batch = n;  // every step on the same rows: the loss must fall
+    o.backward.sched = backward_schedule::stream;
+    o.backward.chunk = 7;
+    const runtime_schedule sched = runtime_schedule::parse("constant", o.steps);
+    const double clip = 5.0;
+    adam_update_rule adam;
+    adam.lr = 3e-3;
+    adamw_update_rule adamw;
+    adamw.lr = 3e-3;
+    const std::vector<cli::cuda_train_job::rule_type> rules{adam, adamw};
+    for (const auto& rule : rules) {
+      const std::size_t which = rule.index();  // 0 adam, 1 adamw
+      CAPTURE(which);
+      reference_backend<double> rb;
+      decoder_model<reference_backend<double>> ref(rb, cfg);
+      auto host = float_weights(ref, 13);
+      auto& rp = ref.parameters();
+      const train_summary want = std::visit(
+          [&](const auto& r) {
+            auto opt = make_full_optimizer(ref, r, clip);
+            return train(ref, data, opt, sched, o, sft_loss{});
+          },
+          rule);
+      cli::cuda_train_job job;
+      job.config = cfg;
+      job.dtype = cli::cuda_dtype::bf16;
+      for (std::size_t i = 0; i < rp.size(); ++i)
+        job.parameters.push_back({rp.name(i), host[i], {}});
+      job.data = &data;
+      job.rule = rule;
+      job.max_grad_norm = clip;
+      job.schedule = sched;
+      job.options = o;
+      const auto got = cli::cuda_train(job);
+      REQUIRE(got.summary.losses.size() == want.losses.size());
+      for (std::size_t s = 0; s < want.losses.size(); ++s) {
+        CAPTURE(s);
+        CHECK(std::abs(got.summary.losses[s] - want.losses[s]) <= 2e-2 * std::abs(want.losses[s]));
+        if (s > 0) CHECK(got.summary.losses[s] < got.summary.losses[s - 1]);
+      }
+      // fp32 master weights and two fp32 moments per parameter
+      std::size_t numel = 0;
+      for (std::size_t i = 0; i < rp.size(); ++i) numel += host[i].size();
+      CHECK(got.summary.state_bytes == 12 * numel);
+      // the fp32 master weights came back (not the bf16 copy: most are not bf16 values), each
+      // element within 3 x steps x lr of the reference's (both move by about lr per step)
+      std::size_t not_bf16 = 0;
+      for (std::size_t i = 0; i < rp.size(); ++i) {
+        CAPTURE(rp.name(i));
+        double worst = 0;
+        for (std::size_t k = 0; k < host[i].size(); ++k) {
+          worst = std::max(worst, std::abs(double(host[i][k]) - rp.value(i)[k]));
+          if (__bfloat162float(__float2bfloat16(host[i][k])) != host[i][k]) ++not_bf16;
+        }
+        CHECK(worst <= 3 * 4 * 3e-3);
+      }
+      CHECK(not_bf16 > numel / 2);
     }
   }
 }

@@ -49,6 +49,11 @@ class sft_loss : public single_pass_objective {
       normaliser_ = counted_ > 0 ? static_cast<double>(counted_) : 1.0;
   }
 
+  /// coefficients() writes coeff from the layout alone (lp enters only the returned loss part)
+  /// and changes nothing: the streaming head may call it before the log-probs reach the host
+  /// and again once they have (stream/head.hpp: one download per pass).
+  static constexpr bool coefficients_use_logprobs() { return false; }
+
   double coefficients(const token_layout& layout, index_t r0, std::span<const double> lp,
                       std::span<double> coeff) const {
     double part = 0;

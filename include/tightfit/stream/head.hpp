@@ -10,6 +10,14 @@
 // with final_logit_softcapping = cap > 0, the logits are z -> cap tanh(z / cap) before the
 // log-softmax; the backward keeps a copy of the chunk's capped logits (n, V) for the exact
 // derivative dz *= 1 - (capped / cap)^2.
+//
+// Host synchronisation: the label log-probs stay on the backend for the whole pass and come to
+// the host in one download at its end (token_logprobs, the statistics pass of a two-pass
+// objective, and the gradient pass of an objective whose coefficients do not read the
+// log-probs, such as SFT: coefficients_use_logprobs() == false). Only the gradient pass of an
+// objective whose coefficients read them (GRPO, DPO) downloads each chunk's log-probs before
+// its backward. The objective sees the same calls, in the same order, with the same values
+// either way; the (B*T) log-probs held on the backend are counted in the activation peak.
 #pragma once
 
 #include <algorithm>
@@ -32,11 +40,39 @@ struct head_options {
 
 namespace detail {
 
+/// True when objective O declares that coefficients() writes coeff without reading the
+/// log-probs (they only enter the returned loss part) and is free of side effects, so that the
+/// head may call it before the log-probs reach the host, and again once they have.
+template <class O>
+constexpr bool logprob_free_coefficients() {
+  if constexpr (requires { O::coefficients_use_logprobs(); })
+    return !O::coefficients_use_logprobs();
+  else
+    return false;
+}
+
+/// The row chunks [r0, r1) of the head, in order.
+template <class F>
+void for_each_chunk(index_t rows, index_t chunk_rows, F&& f) {
+  for (index_t r0 = 0; r0 < rows; r0 += chunk_rows) f(r0, std::min(rows, r0 + chunk_rows));
+}
+
+/// The log-probs of `rows` (backend memory) on the host in double: one download.
+template <class B>
+std::vector<double> download_logprobs(B& be, std::span<const storage_t<B>> lp) {
+  std::vector<storage_t<B>> host(lp.size());
+  be.download(lp, std::span<storage_t<B>>(host));
+  return std::vector<double>(host.begin(), host.end());
+}
+
 /// Runs the head over row chunks: for each chunk, visit(r0, r1, logits (n,V), hf (n,d),
-/// rstd (n), lse (n), lp host (n)). Logits hold z on entry to visit.
+/// rstd (n), lse (n), lp (n, backend memory)). Logits hold z on entry to visit. lp_rows: the
+/// (B*T) backend buffer that receives every chunk's log-probs (lp is its rows [r0, r1)); empty:
+/// each chunk allocates its own, freed after visit.
 template <DecoderModel M, class Visit>
 void head_chunks(M& model, matrix_view<const storage_t<typename M::backend_type>> hidden,
-                 const token_layout& layout, const head_options& opt, Visit&& visit) {
+                 const token_layout& layout, const head_options& opt,
+                 std::span<storage_t<typename M::backend_type>> lp_rows, Visit&& visit) {
   using B = typename M::backend_type;
   using T = storage_t<B>;
   using A = accum_t<B>;
@@ -54,7 +90,8 @@ void head_chunks(M& model, matrix_view<const storage_t<typename M::backend_type>
   if constexpr (!GemmaBackend<B>)
     check(cap == 0, "lm_head: final_logit_softcapping ", cap,
           " needs a backend with logit_softcap_forward (GemmaBackend)");
-  std::vector<T> lp_host;
+  if (!lp_rows.empty())
+    check_extent("lm_head", "log-prob rows", static_cast<index_t>(lp_rows.size()), rows);
   for (index_t r0 = 0; r0 < rows; r0 += opt.chunk_rows) {
     const index_t r1 = std::min(rows, r0 + opt.chunk_rows), n = r1 - r0;
     auto hf = be.template allocate<T>(n * d);  // (n, d)
@@ -65,20 +102,16 @@ void head_chunks(M& model, matrix_view<const storage_t<typename M::backend_type>
     be.gemm(transpose::no, transpose::yes, A(1), hf.view(n, d), w, A(0), logits.view(n, v));
     if constexpr (GemmaBackend<B>)
       if (cap > 0) be.logit_softcap_forward(logits.view(n, v), A(cap));
-    auto lse = be.template allocate<T>(n);  // (n)
-    auto lp = be.template allocate<T>(n);   // (n)
+    auto lse = be.template allocate<T>(n);                                      // (n)
+    auto own = lp_rows.empty() ? be.template allocate<T>(n) : decltype(lse){};  // (n)
+    const std::span<T> lp = lp_rows.empty() ? own.span()
+                                            : lp_rows.subspan(static_cast<std::size_t>(r0),
+                                                              static_cast<std::size_t>(n));
     const auto targets =
         layout.targets.subspan(static_cast<std::size_t>(r0), static_cast<std::size_t>(n));
-    be.xent_forward(logits.view(n, v), targets, A(opt.temperature), lse.span(), lp.span());
-    lp_host.resize(static_cast<std::size_t>(n));
-    be.download(std::span<const T>(lp.span()), std::span<T>(lp_host));
-    visit(r0, r1, logits, hf, rstd, lse, std::span<const T>(lp_host));
+    be.xent_forward(logits.view(n, v), targets, A(opt.temperature), lse.span(), lp);
+    visit(r0, r1, logits, hf, rstd, lse, std::span<const T>(lp));
   }
-}
-
-template <class T>
-std::vector<double> to_double(std::span<const T> s) {
-  return std::vector<double>(s.begin(), s.end());
 }
 
 }  // namespace detail
@@ -89,12 +122,13 @@ template <DecoderModel M>
 std::vector<double> token_logprobs(M& model,
                                    matrix_view<const storage_t<typename M::backend_type>> hidden,
                                    const token_layout& layout, const head_options& opt) {
-  std::vector<double> out(static_cast<std::size_t>(layout.rows()));
-  detail::head_chunks(model, hidden, layout, opt,
-                      [&](index_t r0, index_t, auto&, auto&, auto&, auto&, auto lp) {
-                        std::copy(lp.begin(), lp.end(), out.begin() + r0);
-                      });
-  return out;
+  using B = typename M::backend_type;
+  using T = storage_t<B>;
+  B& be = model.backend();
+  auto lp = be.template allocate<T>(layout.rows());  // (B*T) log-probs, one download
+  detail::head_chunks(model, hidden, layout, opt, lp.span(),
+                      [](index_t, index_t, auto&, auto&, auto&, auto&, auto) {});
+  return detail::download_logprobs(be, std::span<const T>(lp.span()));
 }
 
 /// The head's gradient pass (after the objective's statistics pass when it has one).
@@ -117,11 +151,18 @@ double lm_head_backward(M& model, matrix_view<const storage_t<typename M::backen
   objective.begin(layout);
   if (objective.statistics_pass()) {
     const auto start = std::chrono::steady_clock::now();
-    detail::head_chunks(model, hidden, layout, opt,
-                        [&](index_t r0, index_t, auto&, auto&, auto&, auto&, auto lp) {
-                          const auto lpd = detail::to_double(lp);
-                          objective.statistics(layout, r0, std::span<const double>(lpd));
-                        });
+    std::vector<double> lpd;
+    {
+      auto lp = be.template allocate<T>(layout.rows());  // (B*T) log-probs, one download
+      detail::head_chunks(model, hidden, layout, opt, lp.span(),
+                          [](index_t, index_t, auto&, auto&, auto&, auto&, auto) {});
+      lpd = detail::download_logprobs(be, std::span<const T>(lp.span()));
+    }
+    detail::for_each_chunk(layout.rows(), opt.chunk_rows, [&](index_t r0, index_t r1) {
+      objective.statistics(layout, r0,
+                           std::span<const double>(lpd).subspan(static_cast<std::size_t>(r0),
+                                                                static_cast<std::size_t>(r1 - r0)));
+    });
     objective.end_statistics(layout);
     if (statistics_seconds != nullptr)
       *statistics_seconds =
@@ -135,17 +176,27 @@ double lm_head_backward(M& model, matrix_view<const storage_t<typename M::backen
   const auto w = as_matrix(std::span<const T>(params.value(model.lm_head_id())), v, d);
   const norm_scale<B> g(be, params.value(model.final_norm_id()), cfg.is_gemma());
   const double cap = cfg.final_logit_softcapping;
-  std::vector<double> coeff;
+  // deferred: coefficients from the layout now, the loss parts once the log-probs are here
+  constexpr bool deferred = detail::logprob_free_coefficients<O>();
+  decltype(be.template allocate<T>(0)) lp_rows;  // (B*T) when deferred
+  if constexpr (deferred) lp_rows = be.template allocate<T>(layout.rows());
+  std::vector<double> coeff, no_lp;
   std::vector<T> coeff_t;
   double sum = 0;
   detail::head_chunks(
-      model, hidden, layout, opt,
+      model, hidden, layout, opt, lp_rows.span(),
       [&](index_t r0, index_t r1, auto& logits, auto& hf, auto& rstd, auto& lse, auto lp) {
         const index_t n = r1 - r0;
-        const auto lpd = detail::to_double(lp);
         coeff.assign(static_cast<std::size_t>(n), 0.0);
-        sum += objective.coefficients(layout, r0, std::span<const double>(lpd),
-                                      std::span<double>(coeff));
+        if constexpr (deferred) {
+          no_lp.assign(static_cast<std::size_t>(n), 0.0);
+          (void)objective.coefficients(layout, r0, std::span<const double>(no_lp),
+                                       std::span<double>(coeff));
+        } else {
+          const auto lpd = detail::download_logprobs(be, lp);
+          sum += objective.coefficients(layout, r0, std::span<const double>(lpd),
+                                        std::span<double>(coeff));
+        }
         if (!need_dh && !weight_grads) return;
         coeff_t.assign(coeff.begin(), coeff.end());
         auto coeff_dev = be.template allocate<T>(n);
@@ -177,6 +228,17 @@ double lm_head_backward(M& model, matrix_view<const storage_t<typename M::backen
                             dhf.view(n, d), dx,
                             weight_grads ? params.grad(model.final_norm_id()) : std::span<T>{});
       });
+  if constexpr (deferred) {
+    const auto lpd = detail::download_logprobs(be, std::span<const T>(lp_rows.span()));
+    lp_rows.reset();
+    detail::for_each_chunk(layout.rows(), opt.chunk_rows, [&](index_t r0, index_t r1) {
+      const auto n = static_cast<std::size_t>(r1 - r0);
+      coeff.assign(n, 0.0);
+      sum += objective.coefficients(
+          layout, r0, std::span<const double>(lpd).subspan(static_cast<std::size_t>(r0), n),
+          std::span<double>(coeff));
+    });
+  }
   return objective.finish(sum);
 }
 
