@@ -89,6 +89,30 @@ struct scene_options {
   double spacing_3d = 0.003;       ///< full 3D: ray spacing of each orthographic view
 };
 
+/// Named scenarios: scene_options that make every bag of one kind (the benchmark's stress rows).
+/// `standard` leaves the options as they are; `standing_handles` makes every bag stand on its end
+/// with a telescopic handle (and no other appendage) extended 10-40 cm above its top end, the
+/// case where the grip's shadow and veils hide a strip of the top end from the camera.
+enum class scene_scenario { standard, standing_handles };
+inline const char* scenario_name(scene_scenario s) {
+  return s == scene_scenario::standard ? "standard" : "standing-handles";
+}
+/// "standard" or "standing-handles"; anything else: nullopt.
+inline std::optional<scene_scenario> parse_scenario(const std::string& s) {
+  if (s == "standard") return scene_scenario::standard;
+  if (s == "standing-handles") return scene_scenario::standing_handles;
+  return std::nullopt;
+}
+inline scene_options with_scenario(scene_options so, scene_scenario s) {
+  if (s == scene_scenario::standing_handles) {
+    so.pose = scene_pose::standing;
+    so.appendage_mask = appendage_telescopic;
+    so.appendage_probability = 1;
+    so.long_handle_probability = 1;
+  }
+  return so;
+}
+
 /// A generated scene: its cloud and its ground truth.
 struct scene {
   points cloud;                  ///< camera points in the belt frame (z up), or full-3D points

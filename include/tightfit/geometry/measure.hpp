@@ -106,6 +106,7 @@ inline void assess(measurement& m, const clean_stats& cs, bool on_belt, const qu
     const mebb_result& r = *m.mebb;
     if (r.flags & (mebb_line | mebb_flat)) add("degenerate_shape");
     if (r.flags & mebb_not_converged) add("not_converged");
+    if (r.flags & mebb_face_hidden) add("face_hidden");
     if (on_belt && r.top_occupancy < q.min_top_occupancy) add("too_sparse");
     if (on_belt && r.top_past > q.max_top_past_share) add("top_past_face");
     for (int f = 0; f < 6; ++f) {
@@ -173,7 +174,7 @@ inline void cut_grips(mebb_result& r, points& q, points& raw, const points& abov
   std::copy_if(q.begin(), q.end(), std::back_inserter(q2), kept);
   std::copy_if(raw.begin(), raw.end(), std::back_inserter(raw2), kept);
   if (q2.size() < o.min_points) return;
-  r = mebb_solve(q2, true, o, &raw2);
+  r = mebb_solve(q2, true, o, &raw2, &above);
   r.face_cut = cuts;
   q = std::move(q2), raw = std::move(raw2);
 }
@@ -256,7 +257,7 @@ measurement measure(const C& cloud, box_method method = box_method::mebb, belt_c
     check(q.size() >= o.min_points, "measure: ", q.size(), " points left after cleaning (",
           on_belt ? "belt removal, " : "", "voxel grid ", o.voxel,
           ", clustering, outlier removal), expected at least ", o.min_points);
-    mebb_result r = mebb_solve(q, on_belt, o, &raw);
+    mebb_result r = mebb_solve(q, on_belt, o, &raw, on_belt ? &p : nullptr);
     if (on_belt && o.solid_grip_trim) detail::cut_grips(r, q, raw, p, o);
     if (on_belt)
       r.top_past = top_past_face_share(p, r.box, o, r.face_cut);  // before phase_check's merge
@@ -265,7 +266,7 @@ measurement measure(const C& cloud, box_method method = box_method::mebb, belt_c
       // voxel centroids, so a face that depends on the lattice is uncertain by that much
       const points q2 = voxel_downsample(raw, o.voxel, nullptr, 0.5);
       if (q2.size() >= o.min_points) {
-        const mebb_result r2 = mebb_solve(q2, on_belt, o, &raw);
+        const mebb_result r2 = mebb_solve(q2, on_belt, o, &raw, on_belt ? &p : nullptr);
         detail::merge_phase(r, r2);
       }
     }

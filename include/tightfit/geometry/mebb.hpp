@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "tightfit/core/error.hpp"
@@ -39,6 +40,10 @@ enum mebb_flag : unsigned {
   mebb_flat = 1u << 4,           ///< degenerate: the cleaned cloud is (nearly) coplanar
   mebb_line = 1u << 5,           ///< degenerate: the cleaned cloud is (nearly) collinear
   mebb_not_converged = 1u << 6,  ///< the face passes hit max_passes before settling
+  /// belt: a side face's top edge lies under something above the top over at least
+  /// hidden_flag_share of its span and the top continues past it there (hidden_top_points):
+  /// the face is the edge of the overhang's shadow, the body's edge is not observed
+  mebb_face_hidden = 1u << 7,
 };
 
 /// Every parameter of MEBB (lengths in the cloud's units; defaults assume metres).
@@ -147,6 +152,21 @@ struct mebb_options {
   bool solid_grip_trim = true;
   /// belt: how far past each side face top_past_face_share looks for the object's top
   double past_reach = 0.25;
+  /// belt, with `overhead` points (mebb_solve; measure() and mebb() pass every point above the
+  /// belt cut, before the cleaning): the hidden-edge check. A side face's span is hidden where
+  /// at least two of those points stand more than `hidden_height` above the top, on the face's
+  /// half of the box or up to past_reach outside it (g-bins, widened by `hidden_margin` bins on
+  /// each side; mebb_result::face_hidden: the hidden share). A face hidden over at least
+  /// `hidden_flag_share` of its span with at least `hidden_top_points` points at the top height
+  /// (within g) in the first g past it, within its span, sets mebb_face_hidden (reason
+  /// "face_hidden"): the camera above cannot see that edge under the overhang (a standing bag's
+  /// raised handle), and the top going on past the face says the face is the near edge of the
+  /// overhang's shadow, not the body's.
+  bool hidden_check = true;
+  double hidden_height = 0.02;
+  int hidden_margin = 1;
+  double hidden_flag_share = 0.5;
+  std::size_t hidden_top_points = 8;
   /// belt setting: faces moved out by this x the belt's noise sigma (their inward bias on the
   /// generated scans grows with the noise; 0: no correction)
   double bias_side = 0.0, bias_top = 0.0;
@@ -188,6 +208,12 @@ struct mebb_result {
   /// belt: the largest share of a side face's columns where the object's top continues past the
   /// face (top_past_face_share over every point above the belt cut, before cleaning)
   double top_past = 0;
+  /// belt, side faces: the share of the face's span hidden under something above the top
+  /// (hidden_check; 0 without `overhead` points)
+  std::array<double, 6> face_hidden{};
+  /// and the points at the top height within g past the face, within its span (hidden_top_points;
+  /// distinct 1 mm cells: the same with duplicated points)
+  std::array<std::size_t, 6> face_hidden_top{};
   /// belt, with sensor points: their pitch on the top face, sqrt(top area / points in its band)
   double pitch = 0;
 };
@@ -564,6 +590,55 @@ inline double wall_seen_share(const points& u, const Eigen::Vector3d& lo, const 
   return static_cast<double>(k) / static_cast<double>(nb);
 }
 
+// The number of distinct 1 mm cells (of the cloud's unit x 1e-3) that hold `pts`, by group
+// (pairs of group and point): counts that do not change with the order of the points or with
+// duplicates.
+inline std::vector<int> distinct_cells(std::vector<std::pair<index_t, point3>>& pts,
+                                       index_t groups) {
+  std::vector<std::array<std::int64_t, 4>> keys;
+  keys.reserve(pts.size());
+  for (const auto& [grp, q] : pts)
+    keys.push_back(
+        {grp, std::llround(q.x() * 1e3), std::llround(q.y() * 1e3), std::llround(q.z() * 1e3)});
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  std::vector<int> cnt(static_cast<std::size_t>(groups), 0);
+  for (const auto& k : keys) ++cnt[static_cast<std::size_t>(k[0])];
+  return cnt;
+}
+
+// Belt setting, side face (a, s) of the box [lo, hi] (box frame): the g-bins of its span
+// (coordinate 1 - a, from lo) over which at least two of `over` (points more than
+// o.hidden_height above the top, box frame) lie, on the face's half of the box or up to
+// o.past_reach outside it, widened by o.hidden_margin bins on each side: where the camera above
+// cannot see the face's top edge. `share` returns the hidden share of the span.
+inline std::vector<char> hidden_span(const points& over, const Eigen::Vector3d& lo,
+                                     const Eigen::Vector3d& hi, int a, double s,
+                                     const mebb_options& o, double& share) {
+  const int h = 1 - a;
+  const double g = o.column, d = s > 0 ? hi[a] : -lo[a], half = (hi[a] - lo[a]) / 2;
+  const auto n = std::clamp<index_t>(static_cast<index_t>(std::ceil((hi[h] - lo[h]) / g)), 1, 4000);
+  std::vector<std::pair<index_t, point3>> in_bins;
+  for (const auto& q : over) {
+    if (q.z() <= hi.z() + o.hidden_height || q[h] < lo[h] || q[h] > hi[h]) continue;
+    const double in = d - s * q[a];  // depth inside the face
+    if (in < -o.past_reach || in > half) continue;
+    in_bins.emplace_back(std::min<index_t>(static_cast<index_t>((q[h] - lo[h]) / g), n - 1), q);
+  }
+  const std::vector<int> cnt = distinct_cells(in_bins, n);  // distinct points, in effect
+  std::vector<char> mask(static_cast<std::size_t>(n), 0);
+  index_t k = 0;
+  for (index_t i = 0; i < n; ++i) {
+    if (cnt[static_cast<std::size_t>(i)] < 2) continue;
+    for (index_t j = std::max<index_t>(0, i - o.hidden_margin);
+         j <= std::min<index_t>(n - 1, i + o.hidden_margin); ++j)
+      mask[static_cast<std::size_t>(j)] = 1;
+  }
+  for (char c : mask) k += c != 0;
+  share = static_cast<double>(k) / static_cast<double>(n);
+  return mask;
+}
+
 inline void check_options(const mebb_options& o) {
   check(o.voxel > 0, "mebb: voxel is ", o.voxel, ", expected > 0");
   check(o.column > 0, "mebb: column is ", o.column, ", expected > 0");
@@ -657,8 +732,11 @@ inline points mebb_clean(const points& p, bool belt, const mebb_options& o, poin
 
 /// MEBB on an already cleaned and voxelised cloud `p`. With `belt`, `p` is in the belt frame
 /// (belt z = 0, up +z) and the bottom face rests on the belt; without, all six faces are elastic.
+/// `fine`: the sensor points whose voxels survived the cleaning (fine_faces); `overhead`: every
+/// point above the belt cut, before the cleaning (belt frame), for the hidden-edge check
+/// (hidden_check).
 inline mebb_result mebb_solve(const points& p, bool belt, const mebb_options& o = {},
-                              const points* fine = nullptr) {
+                              const points* fine = nullptr, const points* overhead = nullptr) {
   detail::check_options(o);
   check(p.size() >= o.min_points, "mebb: ", p.size(), " points after cleaning, expected at least ",
         o.min_points);
@@ -685,11 +763,19 @@ inline mebb_result mebb_solve(const points& p, bool belt, const mebb_options& o 
   points uf;  // the sensor points in the box frame (last outer iteration)
   std::array<std::size_t, 6> snap_n{};
   std::array<double, 6> snap_sd{}, shift{}, stab{};
+  // the hidden-edge check (belt): the overhead points in the box frame (upper two thirds)
+  const bool use_hidden = belt && o.hidden_check && overhead != nullptr;
+  points over_all;
   for (int outer = 0; outer < o.outer_iterations; ++outer) {
     for (std::size_t i = 0; i < p.size(); ++i) u[i] = axes.transpose() * (p[i] - origin);
     lo = Eigen::Vector3d::Constant(INFINITY), hi = -lo;
     for (const auto& x : u) lo = lo.cwiseMin(x), hi = hi.cwiseMax(x);
     if (belt) lo.z() = 0;
+    if (use_hidden && outer + 1 == o.outer_iterations) {  // the last frame
+      over_all.clear();
+      for (const auto& x : *overhead)
+        if (x.z() > hi.z() / 3) over_all.push_back(axes.transpose() * (x - origin));
+    }
     const Eigen::Vector3d lo0 = lo, hi0 = hi;
     bool settled = false;
     for (int pass = 0; pass < o.max_passes && !settled; ++pass) {
@@ -821,6 +907,29 @@ inline mebb_result mebb_solve(const points& p, bool belt, const mebb_options& o 
                                                              std::max(r.pitch, o.voxel / 2), o)
                                    : 0.0;
       (f % 2 ? lo[f / 2] : hi[f / 2]) += (f % 2 ? -1.0 : 1.0) * out * (1 - seen);
+    }
+    // a face whose top edge lies under something above the top over most of its span, with the
+    // top continuing (points at the top height) within g past it: the edge is the near side of
+    // the overhang's shadow (the strip beside it shows the top going on), not the body's
+    if (use_hidden) {
+      const double g = o.column;
+      for (int f = 0; f < 4; ++f) {
+        const int a = f / 2, h = 1 - a;
+        const double s = f % 2 ? -1.0 : 1.0, d = s > 0 ? hi[a] : -lo[a];
+        double share = 0;
+        (void)detail::hidden_span(over_all, lo, hi, a, s, o, share);
+        r.face_hidden[static_cast<std::size_t>(f)] = share;
+        if (share < o.hidden_flag_share) continue;
+        std::vector<std::pair<index_t, point3>> past_top;
+        for (const auto& q : over_all) {
+          if (std::abs(q.z() - hi.z()) > g || q[h] < lo[h] || q[h] > hi[h]) continue;
+          const double past = s * q[a] - d;
+          if (past >= 0 && past <= g) past_top.emplace_back(0, q);
+        }
+        const auto k = static_cast<std::size_t>(detail::distinct_cells(past_top, 1)[0]);
+        r.face_hidden_top[static_cast<std::size_t>(f)] = k;
+        if (k >= o.hidden_top_points) r.flags |= mebb_face_hidden;
+      }
     }
   }
   // output: box, envelope and per-face trim in the last frame
@@ -981,7 +1090,7 @@ mebb_result mebb(const C& cloud, bool belt, const mebb_options& o = {}) {
   check(q.size() >= o.min_points, "mebb: ", q.size(), " points left after cleaning (",
         belt ? "belt removal, " : "", "voxel grid ", o.voxel,
         ", clustering, outlier removal), expected at least ", o.min_points);
-  mebb_result r = mebb_solve(q, belt, o, o.fine_faces ? &raw : nullptr);
+  mebb_result r = mebb_solve(q, belt, o, o.fine_faces ? &raw : nullptr, belt ? &p : nullptr);
   if (belt) r.top_past = top_past_face_share(p, r.box, o);
   r.face_cut = {};  // measure() applies the grip cuts; here they are not applied
   return r;

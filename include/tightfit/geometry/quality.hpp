@@ -53,6 +53,7 @@ inline const char* reason_text(const std::string& r) {
   if (r == "degenerate_shape") return "the cloud is flat or a line, not a box";
   if (r == "high_uncertainty") return "a side's 95 % interval is wider than the limit";
   if (r == "top_past_face") return "the object's top continues past a face (part of it cut off)";
+  if (r == "face_hidden") return "a face's top edge is hidden under something above the object";
   return "unknown reason";
 }
 
