@@ -1,10 +1,12 @@
-// libFuzzer target: the bytes are a PLY file read from memory by the same reader as files
-// (tightfit/geometry/cloud_io.hpp), with its length known. A read either throws tightfit::error
-// or yields finite points: any other exception, a sanitizer report, a leak, a timeout or an
-// allocation beyond the -rss_limit_mb is a finding (sizes must be checked against the length).
+// libFuzzer target: the bytes are a PLY file read from memory by the same readers as files
+// (tightfit/geometry/cloud_io.hpp: as a stream of known length, and in place as a mapped file). A
+// read either throws tightfit::error or yields finite points: any other exception, a sanitizer
+// report, a leak, a timeout or an allocation beyond the -rss_limit_mb is a finding (sizes must be
+// checked against the length).
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <sstream>
 #include <string>
 #include <variant>
@@ -19,18 +21,27 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (!q.allFinite()) __builtin_trap();  // the reader promises finite coordinates
   } catch (const tightfit::error&) {
   }
-  // the same bytes through the reader that keeps float coordinates (read_cloud_stored)
-  std::istringstream in2(std::string(reinterpret_cast<const char*>(data), size));
-  try {
-    const auto c =
-        tightfit::geometry::read_ply_stored(in2, "fuzz.ply", static_cast<long long>(size));
+  // the same bytes through the readers that keep float coordinates (read_cloud_stored): from a
+  // stream, and in place from memory (as a mapped file is read)
+  auto check_stored = [](const tightfit::geometry::stored_cloud& c) {
     if (const auto* f = std::get_if<tightfit::geometry::float_cloud>(&c)) {
-      for (const float v : f->coords())
-        if (!std::isfinite(v)) __builtin_trap();
+      for (std::size_t i = 0; i < f->kdtree_get_point_count(); ++i)
+        for (std::size_t d = 0; d < 3; ++d)
+          if (!std::isfinite(f->coord(i, d))) __builtin_trap();
     } else {
       for (const auto& q : std::get<tightfit::geometry::points>(c))
         if (!q.allFinite()) __builtin_trap();
     }
+  };
+  std::istringstream in2(std::string(reinterpret_cast<const char*>(data), size));
+  try {
+    check_stored(
+        tightfit::geometry::read_ply_stored(in2, "fuzz.ply", static_cast<long long>(size)));
+  } catch (const tightfit::error&) {
+  }
+  try {
+    check_stored(tightfit::geometry::read_ply_stored(
+        std::span<const char>(reinterpret_cast<const char*>(data), size), nullptr, "fuzz.ply"));
   } catch (const tightfit::error&) {
   }
   return 0;

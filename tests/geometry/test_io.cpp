@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <string>
 #include <variant>
 
@@ -95,7 +96,7 @@ TEST_CASE("read_ply_stored keeps float coordinates as a float_cloud, the same va
   write_text(path, s);
   check_same(as_float(static_cast<long long>(s.size())));
   check_same(as_float(-1));
-  CHECK(std::get<tg::float_cloud>(tg::read_cloud_stored(path)).coords()[4] == 0.1f * 4 - 0.3f);
+  CHECK(std::get<tg::float_cloud>(tg::read_cloud_stored(path)).coord(1, 1) == 0.1f * 4 - 0.3f);
   // scaled as read: the same double as widening, then multiplying
   tg::float_cloud c = as_float(-1);
   c.set_scale(0.001);
@@ -135,6 +136,102 @@ TEST_CASE("read_ply_stored keeps float coordinates as a float_cloud, the same va
              "ply\nformat ascii 1.0\nelement vertex 1\nproperty float x\nproperty float y\n"
              "property float z\nend_header\n1 2 3\n");
   CHECK(std::get<tg::points>(tg::read_cloud_stored(path))[0] == tg::point3(1, 2, 3));
+  std::remove(path.c_str());
+}
+
+TEST_CASE("read_cloud_stored maps a float PLY and views it in place, with the stream's errors") {
+  const std::string path = tg::test::temp_path("mapped.ply");
+  auto same_as_stream = [&](const tg::float_cloud& c) {
+    std::ifstream in(path, std::ios::binary);
+    const auto s = std::get<tg::float_cloud>(tg::read_ply_stored(in, path, -1));
+    REQUIRE(c.kdtree_get_point_count() == s.kdtree_get_point_count());
+    for (std::size_t i = 0; i < s.kdtree_get_point_count(); ++i)
+      CHECK(tg::point_at(c, i) == tg::point_at(s, i));
+  };
+  // exactly x, y, z, after a header of odd length (the floats are not 4-byte aligned)
+  std::string s =
+      "ply\nformat binary_little_endian 1.0\ncomment odd\nelement vertex 3\nproperty float x\n"
+      "property float y\nproperty float z\nend_header\n";
+  REQUIRE(s.size() % 4 != 0);
+  for (int i = 0; i < 9; ++i) put(s, 0.25f * static_cast<float>(i) - 1.0f);
+  write_text(path, s);
+  tg::float_cloud kept;
+  {
+    const auto c = std::get<tg::float_cloud>(tg::read_cloud_stored(path));
+    same_as_stream(c);
+    CHECK(c.coord(2, 0) == 0.25f * 6 - 1.0f);
+    kept = c;  // a copy shares the mapping
+  }
+  std::remove(path.c_str());  // the mapping outlives the file's name and the first cloud
+  CHECK(tg::point_at(kept, 2) == tg::point3(0.5, 0.75, 1.0));
+  // float x, y, z among other properties, after an element before the vertices: viewed strided
+  std::string t =
+      "ply\nformat binary_little_endian 1.0\nelement camera 1\nproperty double fx\n"
+      "element vertex 2\nproperty uchar flag\nproperty float z\nproperty float x\n"
+      "property double i\nproperty float y\nend_header\n";
+  put(t, 570.0);
+  for (int i = 0; i < 2; ++i) {
+    put(t, static_cast<unsigned char>(1));
+    put(t, 2.5f);
+    put(t, 0.5f + static_cast<float>(i));
+    put(t, 9.0);
+    put(t, -1.0f);
+  }
+  write_text(path, t);
+  same_as_stream(std::get<tg::float_cloud>(tg::read_cloud_stored(path)));
+  CHECK(tg::point_at(std::get<tg::float_cloud>(tg::read_cloud_stored(path)), 1) ==
+        tg::point3(1.5, -1, 2.5));
+  // no vertices at all: an empty cloud
+  write_text(path,
+             "ply\nformat binary_little_endian 1.0\nelement vertex 0\nproperty float x\n"
+             "property float y\nproperty float z\nend_header\n");
+  CHECK(std::get<tg::float_cloud>(tg::read_cloud_stored(path)).kdtree_get_point_count() == 0);
+  // malformed and truncated files: the same clear errors as the stream reader
+  std::string nan_last = s, inf_first = t;
+  const float nan = std::nanf(""), inf = HUGE_VALF;
+  std::memcpy(nan_last.data() + nan_last.size() - 8, &nan, 4);             // vertex 2's y
+  std::memcpy(inf_first.data() + inf_first.size() - 2 * 21 + 1, &inf, 4);  // vertex 0's z
+  const std::string cases[][2] = {
+      {"", "expected 'ply'"},
+      {"ply\n", "no end_header"},
+      {s.substr(0, s.find("end_header")), "no end_header"},  // cut before the header ends
+      {s.substr(0, 60), "bad element line"},                 // cut inside a header line
+      {s.substr(0, s.size() - 1), "claims 3 entries"},
+      {s.substr(0, s.size() - 36), "claims 3 entries"},  // the header alone
+      {t.substr(0, t.size() - 30), "claims 2 entries"},
+      {"ply\nformat binary_little_endian 1.0\nelement vertex 1000000000\nproperty float x\n"
+       "property float y\nproperty float z\nend_header\n0123456789ab",
+       "claims 1000000000 entries"},
+      {"ply\nformat binary_big_endian 1.0\nelement vertex 1\nproperty float x\nproperty float "
+       "y\nproperty float z\nend_header\n0123456789ab",
+       "binary_big_endian"},
+      {"ply\nformat binary_little_endian 1.0\nelement vertex 1\nproperty float x\nproperty "
+       "float y\nend_header\n01234567",
+       "lacks x, y or z"},
+      {"ply\n" + std::string(70000, 'a'), "longer than"},
+      {nan_last, "vertex 2 is (0.5, nan, 1)"},
+      {inf_first, "vertex 0 is (0.5, -1, inf)"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c[1]);
+    write_text(path, c[0]);
+    CHECK_THROWS_WITH_AS(tg::read_cloud_stored(path), doctest::Contains(c[1].c_str()),
+                         tightfit::error);
+  }
+  CHECK_THROWS_WITH_AS(tg::read_cloud_stored(tg::test::temp_path("does_not_exist.ply")),
+                       doctest::Contains("cannot open"), tightfit::error);
+  // in memory: every prefix of a valid file is either read whole or refused with an error
+  for (const std::string* full : {&s, &t})
+    for (std::size_t len = 0; len <= full->size(); ++len) {
+      CAPTURE(len);
+      try {
+        const auto c = tg::read_ply_stored(std::span<const char>(full->data(), len), nullptr, path);
+        CHECK(len == full->size());
+        CHECK(std::get<tg::float_cloud>(c).kdtree_get_point_count() == (full == &s ? 3u : 2u));
+      } catch (const tightfit::error& e) {
+        CHECK(std::string(e.what()).find("read_ply: '" + path + "'") != std::string::npos);
+      }
+    }
   std::remove(path.c_str());
 }
 

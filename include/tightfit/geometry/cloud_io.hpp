@@ -2,7 +2,10 @@
 // little-endian; x, y, z as float or double; other properties and elements ignored) and XYZ/CSV
 // text (three numbers per line, separated by spaces, tabs or commas; '#' comments; one header
 // line allowed). read_cloud / read_ply widen to `points` (double); read_cloud_stored keeps a
-// binary PLY's float x, y, z as a float_cloud (half the memory, read with one read()).
+// binary PLY's float x, y, z as a float_cloud: on POSIX systems the file is memory-mapped and the
+// cloud is a view of the mapping (no copy of the vertices at all), elsewhere it is read with one
+// read(). A mapped file must not be truncated by another process while its cloud is in use (the
+// system would signal SIGBUS on the lost pages); every check below runs on the mapped length.
 //
 // Every malformed input (missing header fields, big-endian or list vertex properties, truncated
 // data, a bad number, NaN or infinite coordinates) raises tightfit::error naming the file and the
@@ -15,16 +18,28 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <span>
 #include <sstream>
+#include <streambuf>
 #include <string>
 #include <variant>
 #include <vector>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#define TIGHTFIT_HAVE_MMAP 1
+#endif
 
 #include "tightfit/core/error.hpp"
 #include "tightfit/geometry/point_cloud.hpp"
@@ -295,22 +310,132 @@ inline points read_ply(std::istream& in, const std::string& path, long long leng
 /// without widening to double: half the memory of `points`, no second copy), otherwise `points`.
 using stored_cloud = std::variant<float_cloud, points>;
 
+namespace detail {
+// The byte layout of float x, y, z in a binary vertex record (usable: the format is binary and
+// all three are float).
+struct float_layout {
+  bool usable = false;
+  std::size_t stride = 0;
+  std::array<std::size_t, 3> offset{};
+};
+inline float_layout float_layout_of(const ply_vertices& ve) {
+  float_layout l;
+  auto is_float = [&](int k) { return ply_is_float(ve.props[static_cast<std::size_t>(k)].type); };
+  if (ve.ascii || !is_float(ve.ix) || !is_float(ve.iy) || !is_float(ve.iz)) return l;
+  std::vector<std::size_t> offs(ve.props.size());
+  for (std::size_t k = 0; k < ve.props.size(); ++k)
+    offs[k] = l.stride, l.stride += static_cast<std::size_t>(ply_type_size(ve.props[k].type));
+  l.offset = {offs[static_cast<std::size_t>(ve.ix)], offs[static_cast<std::size_t>(ve.iy)],
+              offs[static_cast<std::size_t>(ve.iz)]};
+  l.usable = true;
+  return l;
+}
+
+// Throws naming the first vertex of `c` with a NaN or infinite coordinate. The common layout
+// (records of exactly x, y, z) is scanned as one run of floats for an all-ones exponent first.
+inline void check_float_finite(const float_cloud& c, const std::string& path) {
+  const std::size_t n = c.kdtree_get_point_count();
+  bool bad = false;
+  for (std::size_t i = 0; i < n && !bad; i += 4096) {  // blocks: stop soon after a bad one
+    const std::size_t e = std::min(n, i + 4096);
+    bool any = false;
+    for (std::size_t r = i; r < e; ++r)
+      for (std::size_t d = 0; d < 3; ++d) {
+        std::uint32_t u;
+        const float f = c.coord(r, d);
+        std::memcpy(&u, &f, 4);
+        any |= (u & 0x7f800000u) == 0x7f800000u;
+      }
+    bad = any;
+  }
+  if (!bad) return;
+  for (std::size_t r = 0; r < n; ++r) {
+    const float x = c.coord(r, 0), y = c.coord(r, 1), z = c.coord(r, 2);
+    check(std::isfinite(x) && std::isfinite(y) && std::isfinite(z), "read_ply: '", path,
+          "' vertex ", r, " is (", x, ", ", y, ", ", z, "), expected finite coordinates");
+  }
+}
+
+// A read-only stream over bytes in memory (the header parser's input for a mapped file): tellg
+// and seekg work within the bytes; a seek outside them fails.
+class memory_buf : public std::streambuf {
+ public:
+  memory_buf(const char* data, std::size_t size) {
+    char* p = const_cast<char*>(data);  // the get area is only read
+    setg(p, p, p + size);
+  }
+
+ protected:
+  pos_type seekoff(off_type off, std::ios_base::seekdir dir,
+                   std::ios_base::openmode which) override {
+    if (!(which & std::ios_base::in)) return pos_type(off_type(-1));
+    const off_type size = egptr() - eback();
+    const off_type base = dir == std::ios_base::beg   ? 0
+                          : dir == std::ios_base::cur ? gptr() - eback()
+                                                      : size;
+    if (off > size || off < -size) return pos_type(off_type(-1));
+    const off_type to = base + off;
+    if (to < 0 || to > size) return pos_type(off_type(-1));
+    setg(eback(), eback() + to, egptr());
+    return pos_type(to);
+  }
+  pos_type seekpos(pos_type pos, std::ios_base::openmode which) override {
+    return seekoff(off_type(pos), std::ios_base::beg, which);
+  }
+};
+
+// A whole regular file mapped read-only (null when it cannot be: not a regular file, empty, no
+// mmap on this system, or the system refused; the caller then reads it as a stream).
+struct file_mapping {
+  const char* data = nullptr;
+  std::size_t size = 0;
+  file_mapping() = default;
+  file_mapping(const file_mapping&) = delete;
+  file_mapping& operator=(const file_mapping&) = delete;
+  ~file_mapping() {
+#if defined(TIGHTFIT_HAVE_MMAP)
+    if (data) ::munmap(const_cast<char*>(data), size);
+#endif
+  }
+};
+inline std::shared_ptr<const file_mapping> map_file(const std::string& path) {
+#if defined(TIGHTFIT_HAVE_MMAP)
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  struct stat st {};
+  std::shared_ptr<file_mapping> m;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
+      static_cast<unsigned long long>(st.st_size) <= static_cast<std::size_t>(-1) / 2) {
+    const auto size = static_cast<std::size_t>(st.st_size);
+    int flags = MAP_PRIVATE;
+#if defined(MAP_POPULATE)
+    flags |= MAP_POPULATE;  // every page mapped in one call instead of a fault per 64 KiB
+#endif
+    void* p = ::mmap(nullptr, size, PROT_READ, flags, fd, 0);
+    if (p != MAP_FAILED) {
+      m = std::make_shared<file_mapping>();
+      m->data = static_cast<const char*>(p);
+      m->size = size;
+    }
+  }
+  ::close(fd);  // the mapping stays valid
+  return m;
+#else
+  (void)path;
+  return nullptr;
+#endif
+}
+}  // namespace detail
+
 /// Reads the vertices of a PLY from a binary stream (see read_ply) as stored_cloud: a binary PLY
 /// with float x, y and z becomes a float_cloud (one read() when the vertices are exactly x, y, z;
 /// strided otherwise), anything else `points`. The same checks and errors as read_ply.
 inline stored_cloud read_ply_stored(std::istream& in, const std::string& path, long long length) {
   const detail::ply_vertices ve = detail::read_ply_header(in, path, length);
-  auto is_float = [&](int k) {
-    return detail::ply_is_float(ve.props[static_cast<std::size_t>(k)].type);
-  };
-  if (ve.ascii || !is_float(ve.ix) || !is_float(ve.iy) || !is_float(ve.iz))
-    return detail::read_ply_points(in, path, ve);  // ascii or double: widened to points
-  std::vector<std::size_t> offs(ve.props.size());
-  std::size_t stride = 0;
-  for (std::size_t k = 0; k < ve.props.size(); ++k)
-    offs[k] = stride, stride += static_cast<std::size_t>(detail::ply_type_size(ve.props[k].type));
-  const auto ox = offs[static_cast<std::size_t>(ve.ix)], oy = offs[static_cast<std::size_t>(ve.iy)],
-             oz = offs[static_cast<std::size_t>(ve.iz)];
+  const detail::float_layout lay = detail::float_layout_of(ve);
+  if (!lay.usable) return detail::read_ply_points(in, path, ve);  // ascii or double: widened
+  const std::size_t stride = lay.stride;
+  const auto ox = lay.offset[0], oy = lay.offset[1], oz = lay.offset[2];
   std::vector<float> xyz;  // (count, 3) row-major
   auto ends = [&](std::size_t done) {
     fail("read_ply: '", path, "' ends after ", done, " of ", ve.count, " vertices");
@@ -340,12 +465,34 @@ inline stored_cloud read_ply_stored(std::istream& in, const std::string& path, l
       done += n;
     }
   }
-  for (std::size_t r = 0; r < ve.count; ++r)
-    check(
-        std::isfinite(xyz[3 * r]) && std::isfinite(xyz[3 * r + 1]) && std::isfinite(xyz[3 * r + 2]),
-        "read_ply: '", path, "' vertex ", r, " is (", xyz[3 * r], ", ", xyz[3 * r + 1], ", ",
-        xyz[3 * r + 2], "), expected finite coordinates");
-  return float_cloud(std::move(xyz));
+  float_cloud out(std::move(xyz));
+  detail::check_float_finite(out, path);
+  return out;
+}
+
+/// Reads a PLY held in memory (`bytes`, e.g. a mapped file) as stored_cloud: a binary PLY with
+/// float x, y and z becomes a float_cloud that views `bytes` in place (any record layout, no
+/// copy; `owner` keeps them alive), anything else `points`. The same checks and errors as
+/// read_ply; every size is checked against bytes.size().
+inline stored_cloud read_ply_stored(std::span<const char> bytes, std::shared_ptr<const void> owner,
+                                    const std::string& path) {
+  detail::memory_buf buf(bytes.data(), bytes.size());
+  std::istream in(&buf);
+  const auto length = static_cast<long long>(bytes.size());
+  const detail::ply_vertices ve = detail::read_ply_header(in, path, length);
+  const detail::float_layout lay = detail::float_layout_of(ve);
+  if (!lay.usable) return detail::read_ply_points(in, path, ve);  // ascii or double: widened
+  const auto at = static_cast<long long>(in.tellg());             // the first vertex
+  check(at >= 0 && at <= length, "read_ply: '", path, "': cannot locate the vertex data");
+  const auto left = static_cast<std::size_t>(length - at);
+  if (ve.count > left / lay.stride)  // read_ply_header checked this already; kept as a guard
+    fail("read_ply: '", path, "' ends after ", left / lay.stride, " of ", ve.count, " vertices");
+  float_cloud out(
+      std::move(owner),
+      reinterpret_cast<const unsigned char*>(bytes.data()) + static_cast<std::size_t>(at), ve.count,
+      lay.stride, lay.offset);
+  detail::check_float_finite(out, path);
+  return out;
 }
 
 namespace detail {
@@ -426,12 +573,16 @@ inline points read_cloud(const std::string& path) {
 }
 
 /// Reads a cloud by extension as its file stores it (see read_ply_stored): .ply, otherwise
-/// XYZ/CSV text (as `points`).
+/// XYZ/CSV text (as `points`). A regular .ply file is memory-mapped where the system allows it
+/// (a float_cloud is then a view of the mapping, which lives as long as the cloud), otherwise
+/// read as a stream; the results and errors are the same.
 inline stored_cloud read_cloud_stored(const std::string& path) {
   const auto dot = path.find_last_of('.');
   std::string ext = dot == std::string::npos ? "" : path.substr(dot + 1);
   for (auto& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   if (ext != "ply") return read_xyz(path);
+  if (const auto m = detail::map_file(path))  // a float PLY's cloud views the mapping
+    return read_ply_stored(std::span<const char>(m->data, m->size), m, path);
   std::ifstream in(path, std::ios::binary);
   check(in.good(), "read_ply: cannot open '", path, "'");
   return read_ply_stored(in, path, detail::file_length(path));

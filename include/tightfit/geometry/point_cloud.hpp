@@ -8,14 +8,17 @@
 // measure(), mebb() and detect_belt() read any PointCloud through `point_at` without copying it
 // (they keep only the points they work on: those above the belt); `to_points` copies a cloud
 // into `points` (double precision) for the lower-level functions, rejecting NaN and infinite
-// coordinates with a tightfit::error naming the offending point. float_cloud owns float
-// coordinates (a binary PLY's, read without widening).
+// coordinates with a tightfit::error naming the offending point. float_cloud holds float
+// coordinates (a binary PLY's, read or memory-mapped without widening).
 #pragma once
 
 #include <Eigen/Core>
+#include <array>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
+#include <cstring>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -68,25 +71,47 @@ class vector_cloud {
   const std::vector<Point>& v_;
 };
 
-/// A cloud of float coordinates, x y z interleaved, owned: what a binary PLY with float x, y, z
-/// stores, kept without widening (half the memory of `points`). Coordinates come out in double
-/// precision times `scale` (1 unless set; multiplying by 1 is exact), so a measurement of it is
-/// the same as of its `points` copy scaled the same way.
+/// A cloud of float coordinates: what a binary PLY with float x, y, z stores, kept without
+/// widening (half the memory of `points`, or none at all for a mapped file). Either owned (x y z
+/// interleaved in a vector) or a view of `n` records of `stride` bytes whose x, y, z floats lie at
+/// byte offsets `offset` (any alignment: read with memcpy), kept alive by a shared owner (e.g. a
+/// memory-mapped file, cloud_io.hpp). Coordinates come out in double precision times `scale` (1
+/// unless set; multiplying by 1 is exact), so a measurement of it is the same as of its `points`
+/// copy scaled the same way. Copies share the storage.
 class float_cloud {
  public:
   float_cloud() = default;
   /// `xyz`: shape (N, 3) row-major, N = xyz.size() / 3.
-  explicit float_cloud(std::vector<float> xyz, double scale = 1) : xyz_(std::move(xyz)) {
-    check(xyz_.size() % 3 == 0, "float_cloud: ", xyz_.size(),
+  explicit float_cloud(std::vector<float> xyz, double scale = 1) {
+    check(xyz.size() % 3 == 0, "float_cloud: ", xyz.size(),
           " coordinates, expected a multiple of 3 (x y z per point)");
+    auto owned = std::make_shared<const std::vector<float>>(std::move(xyz));
+    bytes_ = reinterpret_cast<const unsigned char*>(owned->data());
+    n_ = owned->size() / 3;
+    owner_ = std::move(owned);
     set_scale(scale);
   }
-  std::size_t kdtree_get_point_count() const { return xyz_.size() / 3; }
-  double kdtree_get_pt(std::size_t i, std::size_t d) const {
-    return static_cast<double>(xyz_[3 * i + d]) * scale_;
+  /// A view: record i spans bytes [i * stride, (i + 1) * stride) of `bytes`, coordinate d is the
+  /// float at byte offset[d] of it (offset[d] + 4 <= stride). `owner` keeps `bytes` alive.
+  float_cloud(std::shared_ptr<const void> owner, const unsigned char* bytes, std::size_t n,
+              std::size_t stride, const std::array<std::size_t, 3>& offset, double scale = 1)
+      : owner_(std::move(owner)), bytes_(bytes), n_(n), stride_(stride), offset_(offset) {
+    for (std::size_t d = 0; d < 3; ++d)
+      check(offset[d] + 4 <= stride, "float_cloud: coordinate ", d, " at byte ", offset[d],
+            " does not fit a record of ", stride, " bytes");
+    check(n == 0 || bytes != nullptr, "float_cloud: no storage for ", n, " points");
+    set_scale(scale);
   }
-  /// The stored coordinates, (N, 3) row-major, before scaling.
-  const std::vector<float>& coords() const { return xyz_; }
+  std::size_t kdtree_get_point_count() const { return n_; }
+  double kdtree_get_pt(std::size_t i, std::size_t d) const {
+    return static_cast<double>(coord(i, d)) * scale_;
+  }
+  /// Coordinate d of point i as stored (before scaling).
+  float coord(std::size_t i, std::size_t d) const {
+    float f;
+    std::memcpy(&f, bytes_ + i * stride_ + offset_[d], sizeof f);
+    return f;
+  }
   double scale() const { return scale_; }
   void set_scale(double s) {
     check(std::isfinite(s) && s > 0, "float_cloud: scale is ", s, ", expected a positive number");
@@ -94,7 +119,10 @@ class float_cloud {
   }
 
  private:
-  std::vector<float> xyz_;  // (N, 3) row-major
+  std::shared_ptr<const void> owner_;           // the storage (a vector<float> or a mapping)
+  const unsigned char* bytes_ = nullptr;        // (n, stride) bytes
+  std::size_t n_ = 0, stride_ = 12;             // points, bytes per record
+  std::array<std::size_t, 3> offset_{0, 4, 8};  // byte offsets of x, y, z in a record
   double scale_ = 1;
 };
 
