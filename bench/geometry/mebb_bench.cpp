@@ -288,6 +288,8 @@ tg::scene_options bench_scene_options(std::uint64_t seed, double noise, bool ful
   so.noise_scale = noise;
   so.full_3d = full3d;
   so.random_frame = !full3d;
+  if (const char* v = std::getenv("TIGHTFIT_BENCH_CORNER_RADIUS"))  // mm; diagnosis runs only
+    so.corner_radius = std::atof(v) / 1000;
   return so;
 }
 

@@ -78,9 +78,10 @@ struct scene_options {
   /// resolution scale of the camera drawn from {sparse_scale, 1, dense_scale} (20/60/20 %)
   double sparse_scale = 0.6, dense_scale = 1.4;
   bool vary_resolution = true;
-  bool random_frame = false;      ///< move the scan by a random rigid motion (tilted camera)
-  double dropout = 0.01;          ///< random dropout (dark bags: dark_dropout)
-  double dark_probability = 0.2;  ///< share of dark bags
+  std::optional<double> corner_radius;  ///< body edge radius, metres (default: drawn, 10-40 mm)
+  bool random_frame = false;            ///< move the scan by a random rigid motion (tilted camera)
+  double dropout = 0.01;                ///< random dropout (dark bags: dark_dropout)
+  double dark_probability = 0.2;        ///< share of dark bags
   double dark_dropout = 0.15;
   double mixed_probability = 0.5;  ///< a pixel at a depth jump becomes a mixed pixel
   bool mixed_both_sides = true;    ///< the far side of a jump mixes too (at half the rate)
@@ -263,7 +264,8 @@ inline scene make_scene(const scene_options& opt) {
   scene sc;
   // body (local frame: x length, y width, z thickness; +x is the handle end, -x the wheel end)
   const double L = U(0.45, 0.80), W = U(0.30, 0.50), H = U(0.18, 0.32);
-  const double rc = U(0.010, std::min(0.040, H / 4));
+  const double rc_drawn = U(0.010, std::min(0.040, H / 4));  // drawn always: keeps the stream
+  const double rc = opt.corner_radius.value_or(rc_drawn);
   detail::sdf_shape shape;
   shape.prims.push_back(detail::make_box(point3::Zero(), Eigen::Vector3d(L / 2, W / 2, H / 2), rc));
   shape.prims.back().body = true;

@@ -215,16 +215,22 @@ TEST_SUITE("gpu") {
                          tightfit::error);
   }
 
-  TEST_CASE("the tool's GPU training equals train() on the reference backend (sgd, adamw)") {
-    if (!tool_device()) return;
-    const model_config cfg = tool_config();
-    const index_t n = 6, t = 24;
+  /// n rows of 24 tokens for the training tests: each row's labels are its ids, every fifth
+  /// position ignored.
+  token_dataset training_rows(const model_config& cfg, index_t n) {
+    const index_t t = 24;
     std::vector<token_id> ids(static_cast<std::size_t>(n * t)), labels(ids.size());
     for (std::size_t i = 0; i < ids.size(); ++i) {
       ids[i] = static_cast<token_id>((i * 29 + 7) % static_cast<std::size_t>(cfg.vocab_size));
       labels[i] = i % 5 == 0 ? ignore_index : ids[i];
     }
-    const token_dataset data(n, t, ids, labels);
+    return token_dataset(n, t, std::move(ids), std::move(labels));
+  }
+
+  TEST_CASE("the tool's GPU training equals train() on the reference backend (sgd, adamw)") {
+    if (!tool_device()) return;
+    const model_config cfg = tool_config();
+    const token_dataset data = training_rows(cfg, 6);
     train_options o;
     o.steps = 3;
     o.batch = 2;
@@ -327,16 +333,10 @@ TEST_SUITE("gpu") {
   TEST_CASE("the tool's bf16 training (adam, adamw): within 2e-2 of train() in double, falling") {
     if (!tool_device()) return;
     const model_config cfg = tool_config();
-    const index_t n = 4, t = 24;
-    std::vector<token_id> ids(static_cast<std::size_t>(n * t)), labels(ids.size());
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      ids[i] = static_cast<token_id>((i * 29 + 7) % static_cast<std::size_t>(cfg.vocab_size));
-      labels[i] = i % 5 == 0 ? ignore_index : ids[i];
-    }
-    const token_dataset data(n, t, ids, labels);
+    const token_dataset data = training_rows(cfg, 4);
     train_options o;
     o.steps = 4;
-    o.batch = n;  // every step on the same rows: the loss must fall
+    o.batch = data.rows();  // every step on the same rows: the loss must fall
     o.backward.sched = backward_schedule::stream;
     o.backward.chunk = 7;
     const runtime_schedule sched = runtime_schedule::parse("constant", o.steps);
