@@ -28,6 +28,20 @@ void put(std::string& s, T v) {
   std::memcpy(b, &v, sizeof(T));
   s.append(b, sizeof(T));
 }
+// A vertex record with float x, y, z among other properties, out of order (read strided).
+constexpr const char* strided_properties =
+    "property uchar flag\nproperty float z\nproperty float x\nproperty double i\n"
+    "property float y\n";
+// Two records of that layout: the points (0.5, -1, 2.5) and (1.5, -1, 2.5).
+void put_strided_vertices(std::string& s) {
+  for (int i = 0; i < 2; ++i) {
+    put(s, static_cast<unsigned char>(1));
+    put(s, 2.5f);
+    put(s, 0.5f + static_cast<float>(i));
+    put(s, 9.0);
+    put(s, -1.0f);
+  }
+}
 }  // namespace
 
 TEST_CASE("binary PLY written by write_ply reads back exactly") {
@@ -115,17 +129,9 @@ TEST_CASE("read_ply_stored keeps float coordinates as a float_cloud, the same va
   CHECK_THROWS_WITH_AS(tg::read_cloud_stored(path), doctest::Contains("vertex 2 is"),
                        tightfit::error);
   // float x, y, z among other properties (strided)
-  std::string t =
-      "ply\nformat binary_little_endian 1.0\nelement vertex 2\nproperty uchar flag\n"
-      "property float z\nproperty float x\nproperty double i\nproperty float y\n"
-      "end_header\n";
-  for (int i = 0; i < 2; ++i) {
-    put(t, static_cast<unsigned char>(1));
-    put(t, 2.5f);
-    put(t, 0.5f + static_cast<float>(i));
-    put(t, 9.0);
-    put(t, -1.0f);
-  }
+  std::string t = "ply\nformat binary_little_endian 1.0\nelement vertex 2\n" +
+                  std::string(strided_properties) + "end_header\n";
+  put_strided_vertices(t);
   write_text(path, t);
   check_same(as_float(static_cast<long long>(t.size())));
   CHECK(tg::point_at(as_float(-1), 1) == tg::point3(1.5, -1, 2.5));
@@ -167,16 +173,10 @@ TEST_CASE("read_cloud_stored maps a float PLY and views it in place, with the st
   // float x, y, z among other properties, after an element before the vertices: viewed strided
   std::string t =
       "ply\nformat binary_little_endian 1.0\nelement camera 1\nproperty double fx\n"
-      "element vertex 2\nproperty uchar flag\nproperty float z\nproperty float x\n"
-      "property double i\nproperty float y\nend_header\n";
+      "element vertex 2\n" +
+      std::string(strided_properties) + "end_header\n";
   put(t, 570.0);
-  for (int i = 0; i < 2; ++i) {
-    put(t, static_cast<unsigned char>(1));
-    put(t, 2.5f);
-    put(t, 0.5f + static_cast<float>(i));
-    put(t, 9.0);
-    put(t, -1.0f);
-  }
+  put_strided_vertices(t);
   write_text(path, t);
   same_as_stream(std::get<tg::float_cloud>(tg::read_cloud_stored(path)));
   CHECK(tg::point_at(std::get<tg::float_cloud>(tg::read_cloud_stored(path)), 1) ==
