@@ -12,6 +12,11 @@
 //                       [--fixtures DIR] [--dump-clean DIR] [--open3d CSV] [--no-cgal]
 //                       [--scenario standard|standing-handles]
 //
+// Environment: TIGHTFIT_BENCH_OPTIONS="name=value,..." sets mebb_options fields (options_from_env);
+// TIGHTFIT_BENCH_TRACE=1 prints per bag, per face and per fixture lines on stderr (the face
+// errors, the edge radius and ray tilts read against the generator's, the fixtures' estimates);
+// TIGHTFIT_BENCH_CORNER_RADIUS=MM fixes the generated bodies' edge radius.
+//
 // --scenario standing-handles: every bag stands on its end with a telescopic handle extended
 // 10-40 cm above the top (scene.hpp, scene_scenario), the same tables: a stress row; e.g.
 // --bags 30 --seed 5000 --scenario standing-handles --noise 1,2 --no-cgal.
@@ -25,6 +30,7 @@
 #include <map>
 #include <numbers>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "scene.hpp"
@@ -190,8 +196,9 @@ record run_scene(const tg::scene& sc, std::uint64_t seed, const tg::mebb_options
         std::fprintf(stderr, " %+.1f", (m.dims[d] - sc.dims[d]) * 1000);
       std::fprintf(stderr, " unc");
       for (std::size_t d = 0; d < 3; ++d) std::fprintf(stderr, " %.1f", m.uncertainty[d] * 1000);
-      std::fprintf(stderr, " app %u strap %d handle %d res %.1f pitch %.2f reasons", sc.appendages,
-                   sc.long_strap, sc.long_handle, sc.resolution, m.mebb->pitch * 1000);
+      std::fprintf(stderr, " app %u strap %d handle %d res %.1f pitch %.2f outer %d reasons",
+                   sc.appendages, sc.long_strap, sc.long_handle, sc.resolution,
+                   m.mebb->pitch * 1000, m.mebb->outer_runs);
       for (const auto& x : m.reasons) std::fprintf(stderr, " %s", x.c_str());
       std::fprintf(stderr, "\n");
       // per face of the measured box: which face of the true body it is (the body's local frame:
@@ -222,10 +229,26 @@ record run_scene(const tg::scene& sc, std::uint64_t seed, const tg::mebb_options
                      yaw_diff(box_yaw_deg(m.box.rotation, up_true, sc.frame_rotation),
                               box_yaw_deg(sc.body.rotation, up_true, sc.frame_rotation)),
                      m.mebb->box.extent[f < 2 ? 1 : 0] * 1000, m.mebb->face_hidden[ff]);
+        if (f < 4) {  // the camera ray's tilt at the face's top edge (middle), and the radius
+          const tg::point3 q =
+              sc.frame_rotation.transpose() *
+              (m.box.centre + n * (m.box.extent[f / 2] / 2) +
+               m.box.rotation.col(2) * (m.box.extent[2] / 2) - sc.frame_translation);
+          const tg::point3 nl = sc.frame_rotation.transpose() * n;
+          const tg::point3 ray = q - sc.camera;
+          std::fprintf(stderr,
+                       "tilt seed %llu f %d out %.4f drop %.4f rc %.1f est_rc %.1f est_tilt %.4f "
+                       "sil %.2f\n",
+                       static_cast<unsigned long long>(seed), f,
+                       ray.x() * nl.x() + ray.y() * nl.y(), -ray.z(), sc.corner_radius * 1000,
+                       m.mebb->edge_radius * 1000, m.mebb->face_tilt[ff],
+                       m.mebb->face_silhouette[ff] * 1000);
+        }
       }
     }
     t0 = clock_type::now();
-    (void)tg::mebb_solve(tr.voxels, r.belt, o, &tr.raw);  // what measure() solves
+    // what measure() solves (without the hidden-edge check)
+    (void)tg::mebb_solve(tr.voxels, r.belt, o, &tr.raw, nullptr, &tr.belt_floor);
     r.solve_ms = ms_since(t0);
     const tg::rigid_transform back = tr.to_frame.inverse();
     auto in_input = [&](tg::oriented_box b) {
@@ -291,6 +314,61 @@ tg::scene_options bench_scene_options(std::uint64_t seed, double noise, bool ful
   if (const char* v = std::getenv("TIGHTFIT_BENCH_CORNER_RADIUS"))  // mm; diagnosis runs only
     so.corner_radius = std::atof(v) / 1000;
   return so;
+}
+
+// Diagnosis and calibration runs: TIGHTFIT_BENCH_OPTIONS="side_band=0.03,hidden_check=0"
+// overrides mebb_options fields of the accuracy tables and the fixture check (lengths in metres,
+// angles in radians, 0/1 for switches).
+tg::mebb_options options_from_env() {
+  tg::mebb_options o;
+  const char* env = std::getenv("TIGHTFIT_BENCH_OPTIONS");
+  if (!env) return o;
+  const std::pair<const char*, double tg::mebb_options::*> reals[] = {
+      {"side_band", &tg::mebb_options::side_band},
+      {"side_quantile", &tg::mebb_options::side_quantile},
+      {"side_offset", &tg::mebb_options::side_offset},
+      {"side_offset_pitch", &tg::mebb_options::side_offset_pitch},
+      {"shadow_reach", &tg::mebb_options::shadow_reach},
+      {"radius_max", &tg::mebb_options::radius_max},
+      {"yaw_settle", &tg::mebb_options::yaw_settle},
+      {"snap_inner", &tg::mebb_options::snap_inner},
+      {"snap_outer", &tg::mebb_options::snap_outer},
+      {"column", &tg::mebb_options::column},
+      {"eps", &tg::mebb_options::eps},
+      {"kappa", &tg::mebb_options::kappa},
+      {"sigma_scale", &tg::mebb_options::sigma_scale},
+      {"safeguard_quantile", &tg::mebb_options::safeguard_quantile}};
+  const std::pair<const char*, bool tg::mebb_options::*> switches[] = {
+      {"silhouette_offset", &tg::mebb_options::silhouette_offset},
+      {"hidden_check", &tg::mebb_options::hidden_check},
+      {"wall_yaw", &tg::mebb_options::wall_yaw},
+      {"edge_profile", &tg::mebb_options::edge_profile},
+      {"belt_top_safeguard", &tg::mebb_options::belt_top_safeguard}};
+  const std::pair<const char*, int tg::mebb_options::*> counts[] = {
+      {"outer_iterations", &tg::mebb_options::outer_iterations},
+      {"max_outer_iterations", &tg::mebb_options::max_outer_iterations}};
+  std::string rest = env;
+  while (!rest.empty()) {
+    const auto comma = rest.find(',');
+    const std::string item = rest.substr(0, comma);
+    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+    const auto eq = item.find('=');
+    const std::string name = item.substr(0, eq);
+    const double value = eq == std::string::npos ? NAN : std::atof(item.c_str() + eq + 1);
+    bool known = false;
+    for (const auto& [n, field] : reals)
+      if (name == n) o.*field = value, known = true;
+    for (const auto& [n, field] : switches)
+      if (name == n) o.*field = value != 0, known = true;
+    for (const auto& [n, field] : counts)
+      if (name == n) o.*field = static_cast<int>(value), known = true;
+    if (!known || std::isnan(value)) {
+      std::fprintf(stderr, "TIGHTFIT_BENCH_OPTIONS: '%s' is not name=value of a known field\n",
+                   item.c_str());
+      std::exit(2);
+    }
+  }
+  return o;
 }
 
 std::vector<tg::scene> make_scenes(int n, std::uint64_t seed, double noise, bool full3d = false,
@@ -587,10 +665,18 @@ void ablation(const std::vector<tg::scene>& scenes) {
   o.side_band = 0;
   run("side faces over the whole face (side_band = 0)", o);
   o = {};
+  o.silhouette_offset = false;
+  run("no silhouette offset r (1 - cos alpha) (silhouette_offset = false)", o);
   o.side_offset_pitch = 0;
-  run("no side-face offset for the unseen wall (side_offset_pitch = 0)", o);
+  run("no side-face offset for the unseen wall (side_offset_pitch = 0, no silhouette)", o);
   o.edge_profile = true;
-  run("rounded-edge profile fit instead of the offset (edge_profile = true)", o);
+  run("rounded-edge profile fit instead of the offsets (edge_profile = true)", o);
+  o = {};
+  o.yaw_settle = INFINITY;
+  run("one yaw step whatever it turned (yaw_settle = inf)", o);
+  o = {};
+  o.belt_top_safeguard = true;
+  run("the safeguard for the top face too (belt_top_safeguard = true)", o);
   o = {};
   o.fine_faces = false;
   run("faces on voxel centroids only (fine_faces = false)", o);
@@ -610,7 +696,7 @@ void ablation(const std::vector<tg::scene>& scenes) {
   run("no mixed-pixel (veil) filter (veil_share = 0)", o);
   o = {};
   o.side_band = 0, o.side_offset_pitch = 0, o.wall_yaw = false, o.edge_yaw_always = false;
-  o.fine_faces = false;
+  o.fine_faces = false, o.silhouette_offset = false, o.belt_top_safeguard = true;
   run("the additions to the paper's method off", o);
 }
 
@@ -727,7 +813,12 @@ void fixtures(const std::string& dir) {
       continue;
     const tg::points p = tg::read_ply(dir + "/" + file);
     tg::measure_trace tr;
-    const tg::measurement m = tg::measure(p, tg::box_method::mebb, {}, {}, {}, {}, &tr);
+    const tg::measurement m =
+        tg::measure(p, tg::box_method::mebb, {}, options_from_env(), {}, {}, &tr);
+    if (std::getenv("TIGHTFIT_BENCH_TRACE") && m.mebb)
+      std::fprintf(stderr, "fixture %s radius %.1f mm tilt %.3f %.3f %.3f %.3f pitch %.2f\n", file,
+                   m.mebb->edge_radius * 1000, m.mebb->face_tilt[0], m.mebb->face_tilt[1],
+                   m.mebb->face_tilt[2], m.mebb->face_tilt[3], m.mebb->pitch * 1000);
     std::string cg = "-";
 #ifdef TIGHTFIT_BENCH_CGAL
     {
@@ -864,7 +955,7 @@ int main(int argc, char** argv) {
     const auto scenes = make_scenes(a.bags, a.seed, nz, false, a.scenario);
     std::vector<record> rs;
     for (std::size_t i = 0; i < scenes.size(); ++i)
-      rs.push_back(run_scene(scenes[i], a.seed + i, tg::mebb_options{}, nz));
+      rs.push_back(run_scene(scenes[i], a.seed + i, options_from_env(), nz));
     std::vector<const record*> ptr;
     for (const auto& r : rs) ptr.push_back(&r);
     std::printf("%d generated bags (noise x%g), error of L, W, H against the true main body:\n\n",
@@ -891,11 +982,7 @@ int main(int argc, char** argv) {
       const auto scenes = make_scenes(a.bags, a.seed, nz, false, a.scenario);
       std::fprintf(stderr, "generated %d scenes (noise x%g) in %.1f s\n", a.bags, nz,
                    ms_since(t0) / 1000);
-      tg::mebb_options o;
-      if (const char* v = std::getenv("TIGHTFIT_BENCH_SIDE_OFFSET"))  // calibration runs
-        o.side_offset = std::atof(v), o.side_offset_pitch = 0;
-      if (const char* v = std::getenv("TIGHTFIT_BENCH_HIDDEN_CHECK"))  // 0: the check off (before)
-        o.hidden_check = std::atoi(v) != 0;
+      const tg::mebb_options o = options_from_env();
       std::vector<record> rs;
       for (std::size_t i = 0; i < scenes.size(); ++i)
         rs.push_back(run_scene(scenes[i], a.seed + i, o, nz, rc));

@@ -132,6 +132,8 @@ struct scene {
   scene_pose pose = scene_pose::lying;
   double yaw = 0;  ///< body yaw about +z (belt scenes)
   bool dark = false;
+  double corner_radius = 0;        ///< the body's edge radius
+  point3 camera = point3::Zero();  ///< the camera centre, belt frame (before frame_rotation)
 };
 
 namespace detail {
@@ -266,6 +268,7 @@ inline scene make_scene(const scene_options& opt) {
   const double L = U(0.45, 0.80), W = U(0.30, 0.50), H = U(0.18, 0.32);
   const double rc_drawn = U(0.010, std::min(0.040, H / 4));  // drawn always: keeps the stream
   const double rc = opt.corner_radius.value_or(rc_drawn);
+  sc.corner_radius = rc;
   detail::sdf_shape shape;
   shape.prims.push_back(detail::make_box(point3::Zero(), Eigen::Vector3d(L / 2, W / 2, H / 2), rc));
   shape.prims.back().body = true;
@@ -421,6 +424,7 @@ inline scene make_scene(const scene_options& opt) {
 
   // pinhole camera above the belt looking down
   const point3 cam(U(-0.05, 0.05), U(-0.05, 0.05), U(1.4, 1.6));
+  sc.camera = cam;
   {
     const double u = U2(0, 1);
     sc.resolution = !opt.vary_resolution ? 1.0

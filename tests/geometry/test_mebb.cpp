@@ -54,17 +54,16 @@ TEST_CASE("the scene generator is deterministic and carries its ground truth") {
   CHECK(a.body.centre.z() == doctest::Approx(a.body.extent[2] / 2));
 }
 
-// 6 mm: the side faces' offset for the unseen wall is a mean over the generated bags (one point
-// pitch); a bag's own corner radius moves its faces by a few mm either way (seeds 11 and 12:
-// 5.6 and 5.3 mm; the coverage of the 95 % intervals is measured in bench/geometry)
-TEST_CASE("bags with appendages: MEBB within 6 mm where the PCA box is off by more than 30 mm") {
+// 5 mm: the largest error of these three is 4.6 mm (seed 11's length; the errors over 200 bags
+// and the coverage of the 95 % intervals are measured in bench/geometry)
+TEST_CASE("bags with appendages: MEBB within 5 mm where the PCA box is off by more than 30 mm") {
   for (std::uint64_t seed : {11u, 12u, 13u}) {
     CAPTURE(seed);
     const auto sc = bag(seed);
     const auto belt = tg::belt_choice::at_z(0.0);
     const auto m = tg::measure(sc.cloud, tg::box_method::mebb, belt);
     const auto p = tg::measure(sc.cloud, tg::box_method::pca, belt);
-    CHECK(max_error(m.dims, sc.dims) < 0.006);
+    CHECK(max_error(m.dims, sc.dims) < 0.005);
     CHECK(max_error(p.dims, sc.dims) > 0.030);
     REQUIRE(m.mebb.has_value());
     CHECK((m.mebb->flags & tg::mebb_appendage) != 0);

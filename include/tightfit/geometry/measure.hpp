@@ -86,6 +86,7 @@ struct measure_trace {
   rigid_transform to_frame;  ///< input -> belt frame
   points raw;                ///< sensor points kept by the cleaning (what the baselines box)
   points voxels;             ///< cleaned voxel centroids (MEBB's input)
+  belt_raster belt_floor;    ///< the belt around the object (the silhouette offset)
 };
 
 /// Sets m.status, m.reasons and m.uncertainty from the MEBB fit (when there is one), the cleaning
@@ -151,7 +152,7 @@ inline void merge_phase(mebb_result& r, const mebb_result& r2) {
 // and `raw`, and the faces are solved again. Afterwards r.face_cut holds the cuts applied: zero
 // where none was (no candidate, an overhang, or fewer than o.min_points left).
 inline void cut_grips(mebb_result& r, points& q, points& raw, const points& above,
-                      const mebb_options& o) {
+                      const belt_raster& belt_floor, const mebb_options& o) {
   std::array<double, 6> cuts{};
   bool any = false;
   for (std::size_t f = 0; f < 4; ++f)
@@ -174,7 +175,7 @@ inline void cut_grips(mebb_result& r, points& q, points& raw, const points& abov
   std::copy_if(q.begin(), q.end(), std::back_inserter(q2), kept);
   std::copy_if(raw.begin(), raw.end(), std::back_inserter(raw2), kept);
   if (q2.size() < o.min_points) return;
-  r = mebb_solve(q2, true, o, &raw2, &above);
+  r = mebb_solve(q2, true, o, &raw2, &above, &belt_floor);
   r.face_cut = cuts;
   q = std::move(q2), raw = std::move(raw2);
 }
@@ -257,8 +258,13 @@ measurement measure(const C& cloud, box_method method = box_method::mebb, belt_c
     check(q.size() >= o.min_points, "measure: ", q.size(), " points left after cleaning (",
           on_belt ? "belt removal, " : "", "voxel grid ", o.voxel,
           ", clustering, outlier removal), expected at least ", o.min_points);
-    mebb_result r = mebb_solve(q, on_belt, o, &raw, on_belt ? &p : nullptr);
-    if (on_belt && o.solid_grip_trim) detail::cut_grips(r, q, raw, p, o);
+    belt_raster belt_floor;  // the belt around the object (the silhouette offset)
+    if (on_belt && o.silhouette_offset)
+      belt_floor = belt_raster_near(
+          cloud, [&](const point3& x) { return to_frame.apply(x); }, q, cut, o.shadow_reach,
+          o.radius_max, o.voxel / 2);
+    mebb_result r = mebb_solve(q, on_belt, o, &raw, on_belt ? &p : nullptr, &belt_floor);
+    if (on_belt && o.solid_grip_trim) detail::cut_grips(r, q, raw, p, belt_floor, o);
     if (on_belt)
       r.top_past = top_past_face_share(p, r.box, o, r.face_cut);  // before phase_check's merge
     if (o.phase_check) {
@@ -266,7 +272,8 @@ measurement measure(const C& cloud, box_method method = box_method::mebb, belt_c
       // voxel centroids, so a face that depends on the lattice is uncertain by that much
       const points q2 = voxel_downsample(raw, o.voxel, nullptr, 0.5);
       if (q2.size() >= o.min_points) {
-        const mebb_result r2 = mebb_solve(q2, on_belt, o, &raw, on_belt ? &p : nullptr);
+        const mebb_result r2 =
+            mebb_solve(q2, on_belt, o, &raw, on_belt ? &p : nullptr, &belt_floor);
         detail::merge_phase(r, r2);
       }
     }
@@ -275,7 +282,7 @@ measurement measure(const C& cloud, box_method method = box_method::mebb, belt_c
     m.box = back(r.box);
     m.envelope = back(r.envelope);
     m.mebb = r;
-    if (trace) trace->voxels = std::move(q);
+    if (trace) trace->voxels = std::move(q), trace->belt_floor = std::move(belt_floor);
   } else {
     points q;
     mebb_clean(p, on_belt, o, &q, &cs);

@@ -10,14 +10,17 @@
 // Two settings: a belt (z = 0 in the belt frame, up = +z, top-down camera; the bottom face rests
 // on the belt) and full 3D (no belt; all six faces elastic). Every parameter lives in
 // mebb_options with the defaults of the published method; departures from it are documented in
-// docs/mebb.md. Invariants: the result's box lies inside the cleaned cloud's envelope; the result
-// does not depend on the order of the input points beyond rounding.
+// docs/mebb.md. Invariants: the result's box lies inside the cleaned cloud's envelope, except
+// that on a belt the side faces of unseen walls move out by the offsets for what the camera cannot
+// see (side_offset_pitch, silhouette_offset: a few mm); the result does not depend on the order of
+// the input points beyond rounding.
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <numbers>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -28,6 +31,7 @@
 #include "tightfit/geometry/pca.hpp"
 #include "tightfit/geometry/plane.hpp"
 #include "tightfit/geometry/point_cloud.hpp"
+#include "tightfit/geometry/silhouette.hpp"
 
 namespace tightfit::geometry {
 
@@ -78,8 +82,14 @@ struct mebb_options {
   double eps = 0.006;                ///< elastic softness (about 2 sigma of sensor noise)
   double kappa = 0.4;                ///< share of the occupied membrane that must hold a face
   double safeguard_quantile = 0.75;  ///< a face never moves inward past this quantile
-  double tau = 0;                    ///< >0: columns far from their 8-neighbour median get less
-                                     ///< stiffness k_j = 1/(1 + (|e_j - med|/tau)^2); 0: k_j = 1
+  /// Belt setting: the safeguard for the top face too. Off: seen from above, a standing bag's
+  /// handles can hold more than a quarter of the top's points, and the safeguard then lifted the
+  /// top onto them, the side faces followed into the handles' footprint (their band hangs from
+  /// the top) and the box came out 50-150 mm off with status ok (bench/geometry, seed 401052).
+  /// The top's membrane is the whole footprint, seen head-on; its D* needs no guard.
+  bool belt_top_safeguard = false;
+  double tau = 0;  ///< >0: columns far from their 8-neighbour median get less
+                   ///< stiffness k_j = 1/(1 + (|e_j - med|/tau)^2); 0: k_j = 1
   // step 4: snap to the main-body edge
   double snap_inner = 2.0;     ///< band starts snap_inner * eps inside D*
   double snap_outer = 0.015;   ///< band ends snap_outer outside D*
@@ -97,8 +107,14 @@ struct mebb_options {
   double profile_depth = 0.05;       ///< use points up to this far below the top face
   double profile_max_shift = 0.012;  ///< largest outward correction
   // step 5: iteration and adaptive elasticity
-  int max_passes = 6;            ///< face-by-face passes per outer iteration
-  int outer_iterations = 2;      ///< yaw re-estimations + 1
+  int max_passes = 6;        ///< face-by-face passes per outer iteration
+  int outer_iterations = 2;  ///< yaw re-estimations + 1
+  /// belt, wall_yaw: one more yaw re-estimation (up to max_outer_iterations in all) while the
+  /// last one turned the axes by more than this (radians): the top-edge line fits see only
+  /// [-15, +3] mm about each face, so a yaw error of 1.5-2 degrees over a 700 mm face is only
+  /// partly corrected by one step (bench/geometry: the bags whose W came out 9-13 mm too large)
+  double yaw_settle = 0.3 * std::numbers::pi / 180;
+  int max_outer_iterations = 4;
   bool adaptive = true;          ///< retry with kappa/2 when a face moves too far
   double retry_fraction = 0.25;  ///< "too far": more than this share of the face's extent
   // uncertainty model (mebb_result::face_sigma; calibrated on the scene generator of bench/)
@@ -178,7 +194,18 @@ struct mebb_options {
   /// the offset) gave a per-face error of +0.18 mm - 1.09 x pitch, the same at both noise levels:
   /// rounded to 0 and 1. A face whose wall is seen (wall_seen_share) gets that share less.
   double side_offset = 0.0;
-  double side_offset_pitch = 1.0;
+  double side_offset_pitch = 0.8;
+  /// belt setting, with sensor points and the belt's own points around the object (`belt_floor` of
+  /// mebb_solve, silhouette.hpp; measure() and mebb() pass them): each side face whose wall is not
+  /// seen moves out by r (1 - cos alpha) more. A camera above sees a rounded top edge of radius r
+  /// only down to where its ray grazes it, and with the ray tilted outward by alpha that silhouette
+  /// lies r (1 - cos alpha) inside the wall (docs/mebb.md). tan alpha comes from the belt's shadow
+  /// behind the face: the median gap, over the face's span, between the face and the first belt
+  /// point past it, divided by the height of the edge (top - r). r comes from the top view of the
+  /// four corners (detail::corner_radius). No correction where either is not measured.
+  bool silhouette_offset = true;
+  double shadow_reach = 1.0;  ///< tan of the largest tilt looked for (45 degrees)
+  double radius_max = 0.06;   ///< the largest edge radius looked for
   // output
   double appendage_flag = 0.010;  ///< a face trimmed more than this sets mebb_appendage
   std::size_t min_points = 30;    ///< fewer cleaned points than this is an error
@@ -192,6 +219,7 @@ struct mebb_result {
   std::array<double, 6> trim{};  ///< per face: how far the cloud protrudes past it
   unsigned flags = 0;            ///< mebb_flag bits
   int passes = 0;                ///< face passes run in total
+  int outer_runs = 0;            ///< outer iterations run (yaw re-estimations + 1)
   std::size_t points_used = 0;   ///< points after cleaning and voxelisation
   /// per face: its 1-sigma position uncertainty (see mebb_solve) and its support (columns in the
   /// snap band for side faces, points for a face seen head-on)
@@ -216,6 +244,12 @@ struct mebb_result {
   std::array<std::size_t, 6> face_hidden_top{};
   /// belt, with sensor points: their pitch on the top face, sqrt(top area / points in its band)
   double pitch = 0;
+  /// belt, silhouette_offset: the body's edge radius from its corners (0: not measured), each
+  /// side face's ray tilt tan alpha from the belt's shadow (-1: not measured) and the offset
+  /// r (1 - cos alpha) x (1 - wall seen share) the face moved out by
+  double edge_radius = 0;
+  std::array<double, 4> face_tilt{-1, -1, -1, -1};
+  std::array<double, 4> face_silhouette{};
 };
 
 /// What the cleaning kept: voxels above the belt cut, and those left after clustering and
@@ -246,8 +280,8 @@ inline double quantile_inplace(std::vector<double>& v, double q) {
 // position D in s*u_a units. `safeguard` is set when the face stopped at the safeguard quantile.
 inline std::optional<double> elastic_face(const points& u, const Eigen::Vector3d& lo,
                                           const Eigen::Vector3d& hi, int a, double s, double kappa,
-                                          bool head_on, const mebb_options& o, face_scratch& w,
-                                          bool& safeguard, double zmin = -INFINITY,
+                                          bool head_on, bool use_guard, const mebb_options& o,
+                                          face_scratch& w, bool& safeguard, double zmin = -INFINITY,
                                           double zmax = INFINITY) {
   const int b = (a + 1) % 3, c = (a + 2) % 3;
   const double g = o.column;
@@ -321,7 +355,7 @@ inline std::optional<double> elastic_face(const points& u, const Eigen::Vector3d
   }
   double d = dl;
   safeguard = false;
-  if (!w.vals.empty()) {
+  if (use_guard && !w.vals.empty()) {
     const double q = quantile_inplace(w.vals, o.safeguard_quantile);
     if (d < q - eps) d = q, safeguard = true;  // D* sits ~kappa*eps inside a clean face: slack eps
   }
@@ -653,6 +687,9 @@ inline void check_options(const mebb_options& o) {
   check(o.outer_iterations >= 1, "mebb: outer_iterations is ", o.outer_iterations,
         ", expected >= 1");
   check(o.min_points >= 4, "mebb: min_points is ", o.min_points, ", expected >= 4");
+  check(o.yaw_settle >= 0, "mebb: yaw_settle is ", o.yaw_settle, ", expected >= 0");
+  check(o.shadow_reach > 0, "mebb: shadow_reach is ", o.shadow_reach, ", expected > 0");
+  check(o.radius_max > 0, "mebb: radius_max is ", o.radius_max, ", expected > 0");
 }
 
 }  // namespace detail
@@ -734,9 +771,11 @@ inline points mebb_clean(const points& p, bool belt, const mebb_options& o, poin
 /// (belt z = 0, up +z) and the bottom face rests on the belt; without, all six faces are elastic.
 /// `fine`: the sensor points whose voxels survived the cleaning (fine_faces); `overhead`: every
 /// point above the belt cut, before the cleaning (belt frame), for the hidden-edge check
-/// (hidden_check).
+/// (hidden_check); `belt_floor`: the belt's points around the object (belt_raster_near), for the
+/// silhouette offset (silhouette_offset).
 inline mebb_result mebb_solve(const points& p, bool belt, const mebb_options& o = {},
-                              const points* fine = nullptr, const points* overhead = nullptr) {
+                              const points* fine = nullptr, const points* overhead = nullptr,
+                              const belt_raster* belt_floor = nullptr) {
   detail::check_options(o);
   check(p.size() >= o.min_points, "mebb: ", p.size(), " points after cleaning, expected at least ",
         o.min_points);
@@ -766,12 +805,17 @@ inline mebb_result mebb_solve(const points& p, bool belt, const mebb_options& o 
   // the hidden-edge check (belt): the overhead points in the box frame (upper two thirds)
   const bool use_hidden = belt && o.hidden_check && overhead != nullptr;
   points over_all;
-  for (int outer = 0; outer < o.outer_iterations; ++outer) {
+  // belt, wall_yaw: the yaw steps go on (up to max_outer_iterations) while the last one turned the
+  // axes by more than yaw_settle
+  int outer_runs = o.outer_iterations;
+  for (int outer = 0; outer < outer_runs; ++outer) {
+    const bool last = outer + 1 == outer_runs;
+    r.outer_runs = outer + 1;
     for (std::size_t i = 0; i < p.size(); ++i) u[i] = axes.transpose() * (p[i] - origin);
     lo = Eigen::Vector3d::Constant(INFINITY), hi = -lo;
     for (const auto& x : u) lo = lo.cwiseMin(x), hi = hi.cwiseMax(x);
     if (belt) lo.z() = 0;
-    if (use_hidden && outer + 1 == o.outer_iterations) {  // the last frame
+    if (use_hidden && last) {  // the last frame
       over_all.clear();
       for (const auto& x : *overhead)
         if (x.z() > hi.z() / 3) over_all.push_back(axes.transpose() * (x - origin));
@@ -786,17 +830,19 @@ inline mebb_result mebb_solve(const points& p, bool belt, const mebb_options& o 
         const double s = f % 2 ? -1.0 : 1.0;
         if (belt && f == 5) continue;  // the bottom rests on the belt
         const bool head_on = !belt || f == 4;
+        const bool guarded = !belt || f != 4 || o.belt_top_safeguard;
         const double extreme = s > 0 ? hi0[a] : -lo0[a];
         const double old = s > 0 ? hi[a] : -lo[a];
         bool guard = false;
         double zmin = -INFINITY, zmax = INFINITY;
         if (belt && a < 2 && o.side_band > 0) zmin = hi.z() - o.side_band, zmax = hi.z() + o.eps;
-        auto d = detail::elastic_face(u, lo, hi, a, s, o.kappa, head_on, o, w, guard, zmin, zmax);
+        auto d = detail::elastic_face(u, lo, hi, a, s, o.kappa, head_on, guarded, o, w, guard, zmin,
+                                      zmax);
         if (!d) continue;
         if (o.adaptive && (guard || extreme - *d > o.retry_fraction * (hi0[a] - lo0[a]))) {
           bool guard2 = false;
-          auto d2 =
-              detail::elastic_face(u, lo, hi, a, s, o.kappa / 2, head_on, o, w, guard2, zmin, zmax);
+          auto d2 = detail::elastic_face(u, lo, hi, a, s, o.kappa / 2, head_on, guarded, o, w,
+                                         guard2, zmin, zmax);
           if (d2) d = d2, guard = guard2;
           r.flags |= mebb_soft_retry;
         }
@@ -810,7 +856,6 @@ inline mebb_result mebb_solve(const points& p, bool belt, const mebb_options& o 
       settled = moved <= o.voxel / 2;
     }
     if (!settled) r.flags |= mebb_not_converged;
-    const bool last = outer + 1 == o.outer_iterations;
     if (last && use_fine) {  // the faces again on the sensor points (lattice-free)
       uf.resize(fine->size());
       for (std::size_t i = 0; i < fine->size(); ++i)
@@ -822,12 +867,13 @@ inline mebb_result mebb_solve(const points& p, bool belt, const mebb_options& o 
           const double s = f % 2 ? -1.0 : 1.0;
           if (belt && f == 5) continue;
           const bool head_on = !belt || f == 4;
+          const bool guarded = !belt || f != 4 || o.belt_top_safeguard;
           double zmin = -INFINITY, zmax = INFINITY;
           if (belt && a < 2 && o.side_band > 0) zmin = hi.z() - o.side_band, zmax = hi.z() + o.eps;
           bool guard = false;
           const double old = s > 0 ? hi[a] : -lo[a];
-          auto d =
-              detail::elastic_face(uf, lo, hi, a, s, o.kappa, head_on, o, w, guard, zmin, zmax);
+          auto d = detail::elastic_face(uf, lo, hi, a, s, o.kappa, head_on, guarded, o, w, guard,
+                                        zmin, zmax);
           if (!d) continue;
           snap_n[static_cast<std::size_t>(f)] = w.snap_n;
           snap_sd[static_cast<std::size_t>(f)] = w.snap_sd;
@@ -846,8 +892,9 @@ inline mebb_result mebb_solve(const points& p, bool belt, const mebb_options& o 
         double zmin = -INFINITY, zmax = INFINITY;
         if (belt && a < 2 && o.side_band > 0) zmin = hi.z() - o.side_band, zmax = hi.z() + o.eps;
         bool guard = false;
-        const auto d = detail::elastic_face(u, lo, hi, a, s, o.kappa * o.sigma_kappa_probe,
-                                            !belt || f == 4, o, w, guard, zmin, zmax);
+        const auto d =
+            detail::elastic_face(u, lo, hi, a, s, o.kappa * o.sigma_kappa_probe, !belt || f == 4,
+                                 !belt || f != 4 || o.belt_top_safeguard, o, w, guard, zmin, zmax);
         const double now = s > 0 ? hi[a] : -lo[a];
         stab[static_cast<std::size_t>(f)] = d ? std::abs(*d - now) : o.eps;
       }
@@ -865,7 +912,7 @@ inline mebb_result mebb_solve(const points& p, bool belt, const mebb_options& o 
         }
       }
     }
-    if (outer + 1 < o.outer_iterations) {  // re-estimate the axes from the points inside
+    if (!last) {  // re-estimate the axes from the points inside
       points inside;
       point3 centre = axes * ((lo + hi) / 2) + origin;
       for (std::size_t i = 0; i < p.size(); ++i)
@@ -873,9 +920,13 @@ inline mebb_result mebb_solve(const points& p, bool belt, const mebb_options& o 
             (u[i].array() <= hi.array() + o.eps).all())
           inside.push_back(p[i]);
       if (belt && o.wall_yaw) {  // straighten the walls (top-edge line fits)
-        axes = axes * rot_z(detail::wall_yaw_correction(u, lo, hi, o));
+        const double turn = detail::wall_yaw_correction(u, lo, hi, o);
+        axes = axes * rot_z(turn);
         origin = centre;
         origin.z() = 0;
+        if (outer + 2 == outer_runs && std::abs(turn) > o.yaw_settle &&
+            outer_runs < o.max_outer_iterations)
+          ++outer_runs;
       } else if (inside.size() >= o.min_points) {
         unsigned fl = 0;
         axes = detail::estimate_axes(inside, belt, o, fl);
@@ -902,11 +953,26 @@ inline mebb_result mebb_solve(const points& p, bool belt, const mebb_options& o 
     if (use_fine && snap_n[4] > 0)
       r.pitch = std::sqrt((hi.x() - lo.x()) * (hi.y() - lo.y()) / static_cast<double>(snap_n[4]));
     const double out = o.side_offset + o.side_offset_pitch * r.pitch;
+    std::array<double, 4> silhouette{};  // r (1 - cos alpha) per face (silhouette_offset)
+    if (use_fine && belt_floor != nullptr && o.silhouette_offset) {
+      const double pitch = std::max(r.pitch, o.voxel / 2);
+      if (const auto radius = corner_radius(uf, lo, hi, pitch, o.column, o.eps, o.radius_max)) {
+        r.edge_radius = *radius;
+        for (int f = 0; f < 4; ++f)
+          if (const auto t = shadow_tilt(*belt_floor, axes, origin, lo, hi, f / 2,
+                                         f % 2 ? -1.0 : 1.0, *radius, o.column, o.shadow_reach)) {
+            r.face_tilt[static_cast<std::size_t>(f)] = *t;
+            silhouette[static_cast<std::size_t>(f)] = *radius * (1 - 1 / std::hypot(1.0, *t));
+          }
+      }
+    }
     for (int f = 0; f < 4; ++f) {  // a wall seen below its top edge needs no offset
       const double seen = use_fine ? detail::wall_seen_share(uf, lo, hi, f / 2, f % 2 ? -1.0 : 1.0,
                                                              std::max(r.pitch, o.voxel / 2), o)
                                    : 0.0;
-      (f % 2 ? lo[f / 2] : hi[f / 2]) += (f % 2 ? -1.0 : 1.0) * out * (1 - seen);
+      const auto ff = static_cast<std::size_t>(f);
+      r.face_silhouette[ff] = silhouette[ff] * (1 - seen);
+      (f % 2 ? lo[f / 2] : hi[f / 2]) += (f % 2 ? -1.0 : 1.0) * (out + silhouette[ff]) * (1 - seen);
     }
     // a face whose top edge lies under something above the top over most of its span, with the
     // top continuing (points at the top height) within g past it: the edge is the near side of
@@ -1090,7 +1156,13 @@ mebb_result mebb(const C& cloud, bool belt, const mebb_options& o = {}) {
   check(q.size() >= o.min_points, "mebb: ", q.size(), " points left after cleaning (",
         belt ? "belt removal, " : "", "voxel grid ", o.voxel,
         ", clustering, outlier removal), expected at least ", o.min_points);
-  mebb_result r = mebb_solve(q, belt, o, o.fine_faces ? &raw : nullptr, belt ? &p : nullptr);
+  const belt_raster belt_floor = belt && o.silhouette_offset
+                                     ? belt_raster_near(
+                                           cloud, [](const point3& x) { return x; }, q, cut,
+                                           o.shadow_reach, o.radius_max, o.voxel / 2)
+                                     : belt_raster{};
+  mebb_result r =
+      mebb_solve(q, belt, o, o.fine_faces ? &raw : nullptr, belt ? &p : nullptr, &belt_floor);
   if (belt) r.top_past = top_past_face_share(p, r.box, o);
   r.face_cut = {};  // measure() applies the grip cuts; here they are not applied
   return r;
