@@ -188,11 +188,11 @@ struct mebb_options {
   double bias_side = 0.0, bias_top = 0.0;
   /// belt setting, with sensor points: each side face whose wall is not seen below its top edge
   /// is moved out by side_offset + side_offset_pitch x the point pitch on the top face
-  /// (sqrt(top area / its points)): a camera above sees a side only through its rounded top
-  /// edge, and the outermost point of a column lies about a pitch inside the silhouette. A least
-  /// squares fit on the generated scans (bench/geometry, 200 bags at noise x1 and x2, without
-  /// the offset) gave a per-face error of +0.18 mm - 1.09 x pitch, the same at both noise levels:
-  /// rounded to 0 and 1. A face whose wall is seen (wall_seen_share) gets that share less.
+  /// (sqrt(top area / its points)), plus the silhouette below: the outermost point of a column
+  /// lies inside the silhouette. A least-squares fit through zero of the per-face error against
+  /// the pitch, with the silhouette offset on and this one off (bench/geometry, 400 bags at noise
+  /// x1 and x2), gave 0.81 x pitch (1.09 before the silhouette term, which it then carried). A
+  /// face whose wall is seen (wall_seen_share) gets that share less.
   double side_offset = 0.0;
   double side_offset_pitch = 0.8;
   /// belt setting, with sensor points and the belt's own points around the object (`belt_floor` of
@@ -201,8 +201,8 @@ struct mebb_options {
   /// only down to where its ray grazes it, and with the ray tilted outward by alpha that silhouette
   /// lies r (1 - cos alpha) inside the wall (docs/mebb.md). tan alpha comes from the belt's shadow
   /// behind the face: the median gap, over the face's span, between the face and the first belt
-  /// point past it, divided by the height of the edge (top - r). r comes from the top view of the
-  /// four corners (detail::corner_radius). No correction where either is not measured.
+  /// cell past it, over the height of the edge (top - r; shadow_tilt). r comes from the top view
+  /// of the four corners (corner_radius). No correction where either is not measured.
   bool silhouette_offset = true;
   double shadow_reach = 1.0;  ///< tan of the largest tilt looked for (45 degrees)
   double radius_max = 0.06;   ///< the largest edge radius looked for
