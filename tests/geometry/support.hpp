@@ -2,6 +2,9 @@
 #pragma once
 
 #include <Eigen/Geometry>
+#include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <numbers>
@@ -77,6 +80,13 @@ inline points box_grid_surface(const oriented_box& b, double spacing, bool skip_
 /// A fresh path in the temp directory.
 inline std::string temp_path(const std::string& name) {
   return (std::filesystem::temp_directory_path() / ("tightfit_geometry_" + name)).string();
+}
+
+/// The largest difference between two sorted L, W, H triples (a box's error against the truth).
+inline double max_error(const std::array<double, 3>& got, const std::array<double, 3>& want) {
+  double e = 0;
+  for (std::size_t k = 0; k < 3; ++k) e = std::max(e, std::abs(got[k] - want[k]));
+  return e;
 }
 
 }  // namespace tightfit::geometry::test

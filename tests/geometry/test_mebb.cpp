@@ -15,12 +15,7 @@
 namespace tg = tightfit::geometry;
 
 namespace {
-double max_error(const std::array<double, 3>& got, const std::array<double, 3>& want) {
-  double e = 0;
-  for (int k = 0; k < 3; ++k)
-    e = std::max(e, std::abs(got[static_cast<std::size_t>(k)] - want[static_cast<std::size_t>(k)]));
-  return e;
-}
+using tg::test::max_error;
 
 // A lying bag with every appendage (full camera resolution: thin parts vanish at lower ones).
 tg::scene bag(std::uint64_t seed, bool full_3d = false, bool low_res = false) {

@@ -195,18 +195,13 @@ TEST_CASE("no silent wrong box: a standing bag's handles do not lift its top") {
   so.random_frame = true;
   const auto sc = tg::make_scene(so);
   REQUIRE(sc.pose == tg::scene_pose::standing);
-  auto worst = [&](const tg::measurement& m) {
-    double e = 0;
-    for (std::size_t k = 0; k < 3; ++k) e = std::max(e, std::abs(m.dims[k] - sc.dims[k]));
-    return e;
-  };
   const auto m = tg::measure(sc.cloud);
   CHECK(m.status == tg::measure_status::ok);
-  CHECK(worst(m) < 0.005);
+  CHECK(tg::test::max_error(m.dims, sc.dims) < 0.005);
   tg::mebb_options guarded;
   guarded.belt_top_safeguard = true;
   const auto before = tg::measure(sc.cloud, tg::box_method::mebb, {}, guarded);
-  CHECK(worst(before) > 0.04);
+  CHECK(tg::test::max_error(before.dims, sc.dims) > 0.04);
 }
 
 TEST_CASE("status and reasons are consistent") {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "geometry/support.hpp"
 #include "scene.hpp"
 #include "tightfit/geometry/geometry.hpp"
 
@@ -178,13 +179,8 @@ TEST_CASE("the yaw steps go on while the walls still turn by more than yaw_settl
   CHECK(before.mebb->outer_runs == fixed.outer_iterations);
   CHECK(after.mebb->outer_runs > fixed.outer_iterations);
   CHECK(after.mebb->outer_runs <= fixed.max_outer_iterations);
-  double worst_before = 0, worst_after = 0;
-  for (std::size_t k = 0; k < 3; ++k) {
-    worst_before = std::max(worst_before, std::abs(before.dims[k] - sc.dims[k]));
-    worst_after = std::max(worst_after, std::abs(after.dims[k] - sc.dims[k]));
-  }
-  CHECK(worst_before > 0.008);
-  CHECK(worst_after < 0.005);
+  CHECK(tg::test::max_error(before.dims, sc.dims) > 0.008);
+  CHECK(tg::test::max_error(after.dims, sc.dims) < 0.005);
   CHECK(after.status == tg::measure_status::ok);
   tg::mebb_options bad;
   bad.yaw_settle = -1;

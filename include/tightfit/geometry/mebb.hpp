@@ -808,6 +808,8 @@ inline mebb_result mebb_solve(const points& p, bool belt, const mebb_options& o 
   // belt, wall_yaw: the yaw steps go on (up to max_outer_iterations) while the last one turned the
   // axes by more than yaw_settle
   int outer_runs = o.outer_iterations;
+  // the faces the safeguard applies to: all but the top on a belt (belt_top_safeguard)
+  auto guarded = [&](int f) { return !belt || f != 4 || o.belt_top_safeguard; };
   for (int outer = 0; outer < outer_runs; ++outer) {
     const bool last = outer + 1 == outer_runs;
     r.outer_runs = outer + 1;
@@ -830,18 +832,17 @@ inline mebb_result mebb_solve(const points& p, bool belt, const mebb_options& o 
         const double s = f % 2 ? -1.0 : 1.0;
         if (belt && f == 5) continue;  // the bottom rests on the belt
         const bool head_on = !belt || f == 4;
-        const bool guarded = !belt || f != 4 || o.belt_top_safeguard;
         const double extreme = s > 0 ? hi0[a] : -lo0[a];
         const double old = s > 0 ? hi[a] : -lo[a];
         bool guard = false;
         double zmin = -INFINITY, zmax = INFINITY;
         if (belt && a < 2 && o.side_band > 0) zmin = hi.z() - o.side_band, zmax = hi.z() + o.eps;
-        auto d = detail::elastic_face(u, lo, hi, a, s, o.kappa, head_on, guarded, o, w, guard, zmin,
-                                      zmax);
+        auto d = detail::elastic_face(u, lo, hi, a, s, o.kappa, head_on, guarded(f), o, w, guard,
+                                      zmin, zmax);
         if (!d) continue;
         if (o.adaptive && (guard || extreme - *d > o.retry_fraction * (hi0[a] - lo0[a]))) {
           bool guard2 = false;
-          auto d2 = detail::elastic_face(u, lo, hi, a, s, o.kappa / 2, head_on, guarded, o, w,
+          auto d2 = detail::elastic_face(u, lo, hi, a, s, o.kappa / 2, head_on, guarded(f), o, w,
                                          guard2, zmin, zmax);
           if (d2) d = d2, guard = guard2;
           r.flags |= mebb_soft_retry;
@@ -867,12 +868,11 @@ inline mebb_result mebb_solve(const points& p, bool belt, const mebb_options& o 
           const double s = f % 2 ? -1.0 : 1.0;
           if (belt && f == 5) continue;
           const bool head_on = !belt || f == 4;
-          const bool guarded = !belt || f != 4 || o.belt_top_safeguard;
           double zmin = -INFINITY, zmax = INFINITY;
           if (belt && a < 2 && o.side_band > 0) zmin = hi.z() - o.side_band, zmax = hi.z() + o.eps;
           bool guard = false;
           const double old = s > 0 ? hi[a] : -lo[a];
-          auto d = detail::elastic_face(uf, lo, hi, a, s, o.kappa, head_on, guarded, o, w, guard,
+          auto d = detail::elastic_face(uf, lo, hi, a, s, o.kappa, head_on, guarded(f), o, w, guard,
                                         zmin, zmax);
           if (!d) continue;
           snap_n[static_cast<std::size_t>(f)] = w.snap_n;
@@ -892,9 +892,8 @@ inline mebb_result mebb_solve(const points& p, bool belt, const mebb_options& o 
         double zmin = -INFINITY, zmax = INFINITY;
         if (belt && a < 2 && o.side_band > 0) zmin = hi.z() - o.side_band, zmax = hi.z() + o.eps;
         bool guard = false;
-        const auto d =
-            detail::elastic_face(u, lo, hi, a, s, o.kappa * o.sigma_kappa_probe, !belt || f == 4,
-                                 !belt || f != 4 || o.belt_top_safeguard, o, w, guard, zmin, zmax);
+        const auto d = detail::elastic_face(u, lo, hi, a, s, o.kappa * o.sigma_kappa_probe,
+                                            !belt || f == 4, guarded(f), o, w, guard, zmin, zmax);
         const double now = s > 0 ? hi[a] : -lo[a];
         stab[static_cast<std::size_t>(f)] = d ? std::abs(*d - now) : o.eps;
       }
