@@ -102,21 +102,31 @@ int cuda_stream_bench(const bench::bench_options& o, cuda_dtype dtype) {
 }
 #endif
 
+constexpr const char* bench_stream_usage =
+    "usage: tightfit bench stream [--seq 2048,4096,8192,16384] "
+    "[--schedules full,checkpoint,stream] [--chunk 512] [--batch 1]\n"
+    "                             [--preset qwen3-bench|small|...] "
+    "[--objective sft|grpo|dpo] [--csv FILE] [--compare]\n"
+    "                             [--device cpu|cuda] [--dtype f32|bf16]\n"
+    "  StreamBP against checkpointing and full backprop: peak activation bytes, "
+    "bytes per token,\n  peak RSS (each row in its own process), time and GFLOP/s "
+    "next to the machine's GEMM rate.\n  --device cuda (a CUDA build): the same "
+    "rows on the first visible GPU, in one process,\n  with the backend's peak "
+    "device bytes; --dtype bf16 (cuda only) stores bf16, accumulates fp32.\n"
+    "  --single: one row measured in this process (what each row's child process runs).\n";
+
+bool asks_for_help(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) return true;
+  return false;
+}
+
 }  // namespace
 
 int bench(int argc, char** argv) {
-  if (argc < 2 || std::strcmp(argv[1], "--help") == 0) {
-    std::fprintf(argc < 2 ? stderr : stdout,
-                 "usage: tightfit bench stream [--seq 2048,4096,8192,16384] "
-                 "[--schedules full,checkpoint,stream] [--chunk 512] [--batch 1]\n"
-                 "                             [--preset qwen3-bench|small|...] "
-                 "[--objective sft|grpo|dpo] [--csv FILE] [--compare]\n"
-                 "                             [--device cpu|cuda] [--dtype f32|bf16]\n"
-                 "  StreamBP against checkpointing and full backprop: peak activation bytes, "
-                 "bytes per token,\n  peak RSS (each row in its own process), time and GFLOP/s "
-                 "next to the machine's GEMM rate.\n  --device cuda (a CUDA build): the same "
-                 "rows on the first visible GPU, in one process,\n  with the backend's peak "
-                 "device bytes; --dtype bf16 (cuda only) stores bf16, accumulates fp32.\n");
+  // `bench --help` and `bench stream --help` print the usage; `bench` alone is an error
+  if (argc < 2 || asks_for_help(argc, argv)) {
+    std::fputs(bench_stream_usage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
   if (std::strcmp(argv[1], "stream") != 0) {

@@ -18,7 +18,7 @@ void usage(std::FILE* out) {
                "  bench     benchmark tables (bench stream ...)\n"
                "  plan      the memory planner: chunk size and largest sequence per schedule\n"
                "  measure   dimensions of an object in a 3D point cloud (MEBB)\n"
-               "  train     training: Adam / AdamW / SGD, BAdam / BREAD, LoRA; data or sequence parallel\n"
+               "  train     training: Adam(W), SGD, BAdam, BREAD, LoRA; data / sequence parallel\n"
                "run 'tightfit <command> --help' for the options of a command\n");
 }
 
