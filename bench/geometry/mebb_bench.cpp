@@ -126,7 +126,10 @@ std::array<double, 3> cgal_obb(const tg::points& p) {
   in.reserve(p.size());
   for (const auto& q : p) in.emplace_back(q.x(), q.y(), q.z());
   std::array<K::Point_3, 8> c;
-  CGAL::oriented_bounding_box(in, c, CGAL::parameters::use_convex_hull(true));
+  // a fixed seed: CGAL's default seeds its genetic search from the clock, so its column would
+  // change from run to run on the same bags
+  CGAL::oriented_bounding_box(in, c,
+                              CGAL::parameters::use_convex_hull(true).random_seed(20231001u));
   // corners 0-1, 0-3, 0-5 span the box (CGAL's hexahedron order)
   std::array<double, 3> d{std::sqrt(CGAL::squared_distance(c[0], c[1])),
                           std::sqrt(CGAL::squared_distance(c[0], c[3])),
