@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "tightfit/text/chat.hpp"
+#include "tightfit/text/examples.hpp"
 #include "tightfit/text/tokenizer.hpp"
 
 using namespace tightfit;
@@ -80,7 +82,99 @@ void check_model(const std::string& model) {
   CHECK(diff_special == 0);
 }
 
+std::vector<text::chat_message> messages_of(const nlohmann::json& j) {
+  std::vector<text::chat_message> out;
+  for (const auto& m : j)
+    out.push_back({m["role"].get<std::string>(), m["content"].get<std::string>(), std::nullopt});
+  return out;
+}
+
+/// The chat format of each model against @huggingface/jinja's rendering of its own template:
+/// the same text (JavaScript strip semantics; Python's differ where docs/data.md says), the same
+/// token ids, and labels that supervise exactly the assistant's tokens.
+void check_chats(const std::string& model, text::chat_format expected) {
+  const auto o = oracle(model);
+  const auto tok = text::hf_tokenizer::load(o["dir"].get<std::string>());
+  const auto format = text::recognise_chat_template(tok.chat_template());
+  REQUIRE(format.has_value());
+  CHECK(*format == expected);
+  std::ifstream in(TIGHTFIT_TEXT_CHATS);
+  const auto chats = nlohmann::json::parse(in);
+  REQUIRE(chats.size() == o["chats"].size());
+  std::size_t rendered = 0, python_differs = 0, labelled = 0;
+  for (std::size_t c = 0; c < chats.size(); ++c) {
+    const auto& want = o["chats"][c];
+    const auto msgs = messages_of(chats[c]["messages"]);
+    const std::string name = chats[c]["name"].get<std::string>();
+    CAPTURE(name);
+    text::chat_options js;
+    js.javascript_strip = true;
+    if (want.contains("error")) {  // the template raised: the format refuses too
+      CHECK_THROWS_WITH_AS(text::render_chat(*format, msgs, js, tok.bos_token()),
+                           doctest::Contains(want["error"].get<std::string>().c_str()), error);
+      continue;
+    }
+    const auto r = text::render_chat(*format, msgs, js, tok.bos_token());
+    CHECK(r.text == want["rendered"].get<std::string>());
+    text::chat_options gen = js;
+    gen.add_generation_prompt = true;
+    CHECK(text::render_chat(*format, msgs, gen, tok.bos_token()).text ==
+          want["rendered_generation"].get<std::string>());
+    const auto python = text::render_chat(*format, msgs, text::chat_options{}, tok.bos_token());
+    python_differs += python.text != r.text;
+    ++rendered;
+    // tokens of the rendered text and the assistant-only labels
+    const auto e = text::chat_example(tok, r, std::size_t{0});
+    const auto ids = want["ids"].get<std::vector<token_id>>();
+    CHECK(differing(e.ids, ids) == 0);
+    // every assistant range decodes from exactly its supervised tokens
+    std::string supervised;
+    std::vector<token_id> run;
+    for (std::size_t i = 0; i <= e.ids.size(); ++i) {
+      if (i < e.ids.size() && e.labels[i] != ignore_index) {
+        run.push_back(e.ids[i]);
+      } else if (!run.empty()) {
+        supervised += tok.decode(run);
+        run.clear();
+      }
+    }
+    std::string spans;
+    for (const auto& [b, end] : r.assistant) spans += r.text.substr(b, end - b);
+    CHECK(supervised == spans);
+    // the last assistant turn: masked exactly on the oracle's prompt (that turn's history and
+    // generation prompt, tokenized by transformers.js), supervised up to its end-of-turn token
+    if (want.contains("prompt_ids")) {
+      const auto prompt = want["prompt_ids"].get<std::vector<token_id>>();
+      const bool prefix =
+          prompt.size() <= ids.size() && std::equal(prompt.begin(), prompt.end(), ids.begin());
+      if (!prefix) continue;  // the template renders the history differently with a new turn
+      ++labelled;
+      const auto last = text::chat_example(tok, r, msgs.size() - 1);  // that turn only
+      std::size_t end = last.ids.size();                              // after its end-of-turn token
+      while (end > 0 && last.labels[end - 1] == ignore_index) --end;
+      REQUIRE(end > prompt.size());
+      for (std::size_t i = 0; i < last.ids.size(); ++i)
+        CHECK(last.labels[i] == (i >= prompt.size() && i < end ? last.ids[i] : ignore_index));
+      CHECK(tok.is_special(last.ids[end - 1]));  // the turn ends with its end-of-turn token
+      CHECK(last.ids.size() - end <= 1);         // then at most a newline
+    }
+  }
+  MESSAGE(model, ": ", rendered, " conversations rendered as @huggingface/jinja renders them, ",
+          python_differs,
+          " of which render differently with Python's strip semantics; labels "
+          "checked against the oracle's prompt for ",
+          labelled);
+  CHECK(rendered >= 10);
+  CHECK(labelled >= 5);
+}
+
 }  // namespace
+
+TEST_CASE("chat formats == @huggingface/jinja on each model's own template") {
+  check_chats("qwen3", text::chat_format::qwen3);
+  check_chats("llama3_1", text::chat_format::llama3);
+  check_chats("gemma3", text::chat_format::gemma3);
+}
 
 TEST_CASE("Qwen3 tokenizer == transformers.js on the corpus") {
   check_model("qwen3");

@@ -41,6 +41,7 @@
 #include "tightfit/core/types.hpp"
 #include "tightfit/io/hf.hpp"
 #include "tightfit/text/bpe.hpp"
+#include "tightfit/text/concept.hpp"
 #include "tightfit/text/normalize.hpp"
 #include "tightfit/text/regex.hpp"
 #include "tightfit/text/utf8.hpp"
@@ -958,5 +959,7 @@ class hf_tokenizer {
   std::vector<decode_step> decoders_;
   std::string bos_, eos_, pad_, chat_template_;
 };
+
+static_assert(Tokenizer<hf_tokenizer>);
 
 }  // namespace tightfit::text
