@@ -660,8 +660,14 @@ int run_prepare(const prepare_options& opt_in) {
   std::string text_line;
   std::size_t line = 0;
   bool chat = false;
+  double last_read_print = 0;
   while (std::getline(in, text_line)) {
     ++line;
+    if (!o.quiet && (line & 0xFFFF) == 0 && seconds() - last_read_print > 0.5) {
+      last_read_print = seconds();
+      std::fprintf(stderr, "tightfit prepare: reading line %zu, %.1f s%s", line, last_read_print,
+                   ::isatty(2) == 1 ? "   \r" : "\n");
+    }
     if (text_line.find_first_not_of(" \t\r") == std::string::npos) continue;
     rows.push_back(parse_row(text_line, line));
     const auto& r = rows.back();
@@ -725,6 +731,7 @@ int run_prepare(const prepare_options& opt_in) {
   std::vector<row_result> results(rows.size());
   const bool tty = ::isatty(2) == 1;
   double last_print = 0;
+  const double tokenize_start = seconds();  // the ETA is from the tokenizing rate
   index_t tokens_so_far = 0;
   const std::size_t block = 4096;
   for (std::size_t b0 = 0; b0 < rows.size(); b0 += block) {
@@ -747,7 +754,8 @@ int run_prepare(const prepare_options& opt_in) {
     const double s = seconds();
     if (!o.quiet && s > 1.0 && (s - last_print > 0.5 || b1 == rows.size())) {
       last_print = s;
-      const double eta = s / static_cast<double>(b1) * static_cast<double>(rows.size() - b1);
+      const double eta =
+          (s - tokenize_start) / static_cast<double>(b1) * static_cast<double>(rows.size() - b1);
       std::fprintf(stderr, "tightfit prepare: %zu / %zu rows, %s tokens, %.1f s, ETA %.0f s%s", b1,
                    rows.size(), quantity(static_cast<double>(tokens_so_far)).c_str(), s, eta,
                    tty ? "   \r" : "\n");
