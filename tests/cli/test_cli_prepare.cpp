@@ -131,6 +131,27 @@ double max_rel(const std::vector<std::vector<double>>& a,
   return worst;
 }
 
+/// `tightfit train` of `model` on `batch` for `steps` steps (adamw, lr 0.01): true when the mean
+/// loss of the last 4 steps is below 0.8 times that of the first 4.
+bool loss_falls(const fs::path& model, const fs::path& batch, int batch_rows, int steps) {
+  const auto log = batch.parent_path() / "log.jsonl";
+  const auto r = run("train --model " + q(model) + " --data " + q(batch) +
+                     " --optimizer adamw --lr 0.01 --batch " + std::to_string(batch_rows) +
+                     " --steps " + std::to_string(steps) + " --quiet --log " + q(log));
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  std::vector<double> losses;
+  std::ifstream in(log);
+  for (std::string line; std::getline(in, line);) losses.push_back(json::parse(line)["loss"]);
+  REQUIRE(losses.size() == static_cast<std::size_t>(steps));
+  double first = 0, last = 0;
+  for (std::size_t k = 0; k < 4; ++k) {
+    first += losses[k];
+    last += losses[losses.size() - 1 - k];
+  }
+  MESSAGE("mean loss of the first 4 steps ", first / 4, ", of the last 4 ", last / 4);
+  return last < 0.8 * first;
+}
+
 const std::vector<std::string> sft_rows{
     R"({"text": "the cat sat in the sun"})",
     R"({"prompt": "Translate: cat", "completion": " chat"})",
@@ -265,20 +286,7 @@ TEST_CASE("prepare then train: the loss falls (tiny byte-level tokenizer)") {
   REQUIRE(run("prepare --tokenizer " + q(tok_dir) + " --model " + q(model) + " --data " + q(data) +
               " --out " + q(batch) + " --packing --max-length 64 --shuffle --seed 1")
               .code == 0);
-  const auto log = dir / "log.jsonl";
-  const auto r = run("train --model " + q(model) + " --data " + q(batch) +
-                     " --optimizer adamw --lr 0.01 --batch 2 --steps 24 --quiet --log " + q(log));
-  REQUIRE_MESSAGE(r.code == 0, r.err);
-  std::vector<double> losses;
-  std::ifstream in(log);
-  for (std::string line; std::getline(in, line);) losses.push_back(json::parse(line)["loss"]);
-  REQUIRE(losses.size() == 24);
-  double first = 0, last = 0;
-  for (int k = 0; k < 4; ++k) {
-    first += losses[static_cast<std::size_t>(k)];
-    last += losses[losses.size() - 1 - static_cast<std::size_t>(k)];
-  }
-  CHECK(last < 0.8 * first);
+  CHECK(loss_falls(model, batch, 2, 24));
 }
 
 TEST_CASE("prepare then train: the loss falls (Qwen3's real tokenizer, conversations)") {
@@ -311,16 +319,7 @@ TEST_CASE("prepare then train: the loss falls (Qwen3's real tokenizer, conversat
   const auto s = json::parse(p.out);
   CHECK(s["chat_format"] == "qwen3");
   CHECK(s["train"]["supervised_tokens"].get<int>() < s["train"]["tokens"].get<int>() / 2);
-  const auto log = dir / "log.jsonl";
-  const auto r = run("train --model " + q(model) + " --data " + q(batch) +
-                     " --optimizer adamw --lr 0.01 --batch 1 --steps 16 --quiet --log " + q(log));
-  REQUIRE_MESSAGE(r.code == 0, r.err);
-  std::vector<double> losses;
-  std::ifstream in(log);
-  for (std::string line; std::getline(in, line);) losses.push_back(json::parse(line)["loss"]);
-  REQUIRE(losses.size() == 16);
-  CHECK(losses[12] + losses[13] + losses[14] + losses[15] <
-        0.8 * (losses[0] + losses[1] + losses[2] + losses[3]));
+  CHECK(loss_falls(model, batch, 1, 16));
 }
 
 TEST_CASE("prepare: bad input exits 1 with one line naming the line and the field") {

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "tightfit/core/error.hpp"
+#include "tightfit/core/hash.hpp"
 #include "tightfit/text/utf8.hpp"
 
 namespace tightfit::text {
@@ -70,12 +71,7 @@ struct rendered_chat {
 
 /// FNV-1a (64 bits) of a template's text: how a model's chat template is recognised.
 inline std::uint64_t template_fingerprint(std::string_view s) {
-  std::uint64_t h = 0xcbf29ce484222325ULL;
-  for (const char c : s) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 0x100000001b3ULL;
-  }
-  return h;
+  return fnv1a_64(s);
 }
 
 /// A chat template tightfit knows, by the fingerprint of its exact text.
@@ -118,37 +114,25 @@ inline std::size_t python_space_at(std::string_view s, std::size_t i) {
   return 0;
 }
 
-/// Python's str.strip() (Jinja's trim filter in transformers).
-inline std::string python_strip(std::string_view s) {
-  std::size_t b = 0;
-  while (b < s.size()) {
-    const std::size_t n = python_space_at(s, b);
-    if (n == 0) break;
-    b += n;
-  }
-  std::size_t e = s.size();
-  while (e > b) {
-    std::size_t k = e - 1;
-    while (k > b && (static_cast<unsigned char>(s[k]) & 0xC0) == 0x80) --k;
-    if (python_space_at(s, k) != e - k) break;
-    e = k;
-  }
-  return std::string(s.substr(b, e - b));
-}
-
 /// The length of the JavaScript white space character at s[i], or 0.
 inline std::size_t js_space_at(std::string_view s, std::size_t i) {
   const std::size_t n = utf8_length(static_cast<unsigned char>(s[i]));
   return i + n <= s.size() && is_js_space(decode_utf8_at(s, i)) ? n : 0;
 }
 
-/// Strips from the left and / or the right: '\n' only (Python's strip('\n')) or, with
-/// `javascript`, all JavaScript white space (@huggingface/jinja's strip ignores its argument).
-inline std::string strip(std::string_view s, bool left, bool right, bool javascript) {
+/// A newline at s[i]: 1, else 0.
+inline std::size_t newline_at(std::string_view s, std::size_t i) {
+  return s[i] == '\n' ? 1 : 0;
+}
+
+/// `s` without the characters space_at(s, i) recognises (it returns their length, or 0) at its
+/// start (`left`) and end (`right`).
+template <class SpaceAt>
+std::string strip_with(std::string_view s, bool left, bool right, SpaceAt space_at) {
   std::size_t b = 0, e = s.size();
   if (left)
     while (b < e) {
-      const std::size_t n = javascript ? js_space_at(s, b) : (s[b] == '\n' ? 1 : 0);
+      const std::size_t n = space_at(s, b);
       if (n == 0) break;
       b += n;
     }
@@ -156,25 +140,23 @@ inline std::string strip(std::string_view s, bool left, bool right, bool javascr
     while (e > b) {
       std::size_t k = e - 1;
       while (k > b && (static_cast<unsigned char>(s[k]) & 0xC0) == 0x80) --k;
-      const std::size_t n = javascript ? js_space_at(s, k) : (s[k] == '\n' ? 1 : 0);
-      if (n != e - k) break;
+      if (space_at(s, k) != e - k) break;
       e = k;
     }
   return std::string(s.substr(b, e - b));
 }
 
+/// Python's strip('\n') from the left and / or the right or, with `javascript`, all JavaScript
+/// white space (@huggingface/jinja's strip ignores its argument).
+inline std::string strip(std::string_view s, bool left, bool right, bool javascript) {
+  return javascript ? strip_with(s, left, right, js_space_at)
+                    : strip_with(s, left, right, newline_at);
+}
+
 /// Jinja's trim: Python's str.strip(), or JavaScript's String.trim with `javascript`.
 inline std::string trim(std::string_view s, bool javascript) {
-  if (!javascript) return python_strip(s);
-  std::size_t b = 0, e = s.size();
-  while (b < e && js_space_at(s, b) != 0) b += js_space_at(s, b);
-  while (e > b) {
-    std::size_t k = e - 1;
-    while (k > b && (static_cast<unsigned char>(s[k]) & 0xC0) == 0x80) --k;
-    if (js_space_at(s, k) != e - k) break;
-    e = k;
-  }
-  return std::string(s.substr(b, e - b));
+  return javascript ? strip_with(s, true, true, js_space_at)
+                    : strip_with(s, true, true, python_space_at);
 }
 
 [[noreturn]] inline void unknown_role(chat_format f, std::size_t i, const std::string& role,

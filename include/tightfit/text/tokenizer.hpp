@@ -596,18 +596,34 @@ class hf_tokenizer {
     fail(src, ": ", where, ".pattern must hold a String or a Regex");
   }
 
+  /// Calls add(item, where) for the component `key` of `j` (absent or null: nothing) or, when
+  /// it is a Sequence, for each item of its `list`, recursively.
+  template <class Add>
+  static void each_component(const nlohmann::json& j, const char* key, const char* list,
+                             const std::string& src, Add&& add) {
+    if (!j.contains(key) || j[key].is_null()) return;
+    each_item(j[key], list, src, key, add);
+  }
+  template <class Add>
+  static void each_item(const nlohmann::json& j, const char* list, const std::string& src,
+                        const std::string& where, Add& add) {
+    if (string_field(j, "type", src, where) != "Sequence") {
+      add(j, where);
+      return;
+    }
+    check(j.contains(list) && j[list].is_array(), src, ": ", where, ".", list, " must be an array");
+    for (std::size_t k = 0; k < j[list].size(); ++k)
+      each_item(j[list][k], list, src, where + "." + list + "[" + std::to_string(k) + "]", add);
+  }
+
   void parse_normalizer(const nlohmann::json& j, const std::string& src) {
-    if (!j.contains("normalizer") || j["normalizer"].is_null()) return;
-    add_normalizer(j["normalizer"], src, "normalizer");
+    each_component(
+        j, "normalizer", "normalizers", src,
+        [&](const nlohmann::json& n, const std::string& where) { add_normalizer(n, src, where); });
   }
   void add_normalizer(const nlohmann::json& n, const std::string& src, const std::string& where) {
     const std::string type = string_field(n, "type", src, where);
-    if (type == "Sequence") {
-      check(n.contains("normalizers") && n["normalizers"].is_array(), src, ": ", where,
-            ".normalizers must be an array");
-      for (std::size_t k = 0; k < n["normalizers"].size(); ++k)
-        add_normalizer(n["normalizers"][k], src, where + ".normalizers[" + std::to_string(k) + "]");
-    } else if (type == "NFC") {
+    if (type == "NFC") {
       normalizer_.push_back({normalizer_step::kind::nfc, "", ""});
     } else if (type == "Replace") {
       const auto [regex, pattern] = pattern_of(n, src, where);
@@ -622,17 +638,13 @@ class hf_tokenizer {
   }
 
   void parse_pre_tokenizer(const nlohmann::json& j, const std::string& src) {
-    if (!j.contains("pre_tokenizer") || j["pre_tokenizer"].is_null()) return;
-    add_pre(j["pre_tokenizer"], src, "pre_tokenizer");
+    each_component(
+        j, "pre_tokenizer", "pretokenizers", src,
+        [&](const nlohmann::json& p, const std::string& where) { add_pre(p, src, where); });
   }
   void add_pre(const nlohmann::json& p, const std::string& src, const std::string& where) {
     const std::string type = string_field(p, "type", src, where);
-    if (type == "Sequence") {
-      check(p.contains("pretokenizers") && p["pretokenizers"].is_array(), src, ": ", where,
-            ".pretokenizers must be an array");
-      for (std::size_t k = 0; k < p["pretokenizers"].size(); ++k)
-        add_pre(p["pretokenizers"][k], src, where + ".pretokenizers[" + std::to_string(k) + "]");
-    } else if (type == "Split") {
+    if (type == "Split") {
       const auto [regex, pattern] = pattern_of(p, src, where);
       std::string behavior = p.contains("behavior") && p["behavior"].is_string()
                                  ? p["behavior"].get<std::string>()
@@ -821,17 +833,13 @@ class hf_tokenizer {
   }
 
   void parse_post_processor(const nlohmann::json& j, const std::string& src) {
-    if (!j.contains("post_processor") || j["post_processor"].is_null()) return;
-    add_post(j["post_processor"], src, "post_processor");
+    each_component(
+        j, "post_processor", "processors", src,
+        [&](const nlohmann::json& p, const std::string& where) { add_post(p, src, where); });
   }
   void add_post(const nlohmann::json& p, const std::string& src, const std::string& where) {
     const std::string type = string_field(p, "type", src, where);
-    if (type == "Sequence") {
-      check(p.contains("processors") && p["processors"].is_array(), src, ": ", where,
-            ".processors must be an array");
-      for (std::size_t k = 0; k < p["processors"].size(); ++k)
-        add_post(p["processors"][k], src, where + ".processors[" + std::to_string(k) + "]");
-    } else if (type == "ByteLevel") {
+    if (type == "ByteLevel") {
       // offsets only: nothing to do for ids
     } else if (type == "TemplateProcessing") {
       check(p.contains("single") && p["single"].is_array(), src, ": ", where,
@@ -860,19 +868,14 @@ class hf_tokenizer {
   }
 
   void parse_decoder(const nlohmann::json& j, const std::string& src) {
-    if (!j.contains("decoder") || j["decoder"].is_null()) return;
-    add_decoder(j["decoder"], src, "decoder");
+    each_component(
+        j, "decoder", "decoders", src,
+        [&](const nlohmann::json& d, const std::string& where) { add_decoder(d, src, where); });
   }
   void add_decoder(const nlohmann::json& d, const std::string& src, const std::string& where) {
     const std::string type = string_field(d, "type", src, where);
     decode_step s;
-    if (type == "Sequence") {
-      check(d.contains("decoders") && d["decoders"].is_array(), src, ": ", where,
-            ".decoders must be an array");
-      for (std::size_t k = 0; k < d["decoders"].size(); ++k)
-        add_decoder(d["decoders"][k], src, where + ".decoders[" + std::to_string(k) + "]");
-      return;
-    } else if (type == "ByteLevel") {
+    if (type == "ByteLevel") {
       check(model_.byte_level, src, ": ", where,
             ": a ByteLevel decoder without a ByteLevel pre-tokenizer is not supported");
       s.what = decode_step::kind::byte_level;
