@@ -133,6 +133,41 @@ TEST_CASE("byte-level BPE: offsets, decode(encode(x)) == x, invalid UTF-8 as U+F
   CHECK(t.decode(t.encode("a\xFF")) == "a\xEF\xBF\xBD");  // U+FFFD
 }
 
+TEST_CASE("encode_batch: documents in parallel, each as encode gives it") {
+  // a byte-level tokenizer whose split regex runs per thread, and words that fill the caches
+  json v = json::object();
+  const auto map = text::detail::byte_to_unicode();
+  for (int b = 0; b < 256; ++b) {
+    std::string s;
+    text::append_utf8(s, map[static_cast<std::size_t>(b)]);
+    v[s] = b;
+  }
+  v["ab"] = 256;
+  v["abab"] = 257;
+  json j = {{"model", {{"type", "BPE"}, {"vocab", v}, {"merges", json::array({"a b", "ab ab"})}}},
+            {"pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", " ?\\p{L}+|\\s+|."}}}}},
+            {"decoder", {{"type", "ByteLevel"}}},
+            {"added_tokens", json::array()}};
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       json::array({j["pre_tokenizer"], {{"type", "ByteLevel"}, {"use_regex", false}}})}};
+  const auto t = make(j);
+  std::vector<std::string> docs;
+  for (int d = 0; d < 500; ++d) {
+    std::string s;
+    for (int w = 0; w < 20; ++w)
+      s += std::string(static_cast<std::size_t>((d * 7 + w) % 9), 'a') + "b ab, ";
+    docs.push_back(s);
+  }
+  const auto batch = t.encode_batch(docs, {.add_special_tokens = false});
+  REQUIRE(batch.size() == docs.size());
+  for (std::size_t d = 0; d < docs.size(); ++d) {
+    CHECK(batch[d] == t.encode(docs[d], {.add_special_tokens = false}));
+    CHECK(t.decode(batch[d]) == docs[d]);
+  }
+}
+
 TEST_CASE("a tokenizer file asking for what tightfit cannot honour is an error naming it") {
   auto j = char_bpe({"a"}, {});
   j["normalizer"] = {{"type", "Lowercase"}};
