@@ -70,12 +70,15 @@ const char* prepare_usage =
 #if !(defined(TIGHTFIT_HAS_TEXT) && TIGHTFIT_HAS_TEXT)
 
 int prepare(int argc, char** argv) {
-  return with_arguments(argc, argv, {}, {}, prepare_usage, [](const arguments&) -> int {
-    std::fprintf(stderr,
-                 "tightfit prepare: this tightfit was built without the text component "
-                 "(PCRE2, utf8proc: libpcre2-dev libutf8proc-dev pkg-config)\n");
-    return 1;
-  });
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::fputs(prepare_usage, stdout);
+      return 0;
+    }
+  std::fprintf(stderr,
+               "tightfit prepare: this tightfit was built without the text component (PCRE2, "
+               "utf8proc: libpcre2-dev libutf8proc-dev pkg-config)\n");
+  return 1;
 }
 
 #else
@@ -627,6 +630,15 @@ std::string quantity(double v) {
   return buf;
 }
 
+// clang-format off
+const std::set<std::string> prepare_valued{
+    "--tokenizer", "--data", "--out", "--objective", "--model", "--vocab-size", "--max-length",
+    "--truncation-mode", "--completion-only-loss", "--enable-thinking", "--scale-rewards",
+    "--seed", "--eval-split", "--eval-out"};
+// clang-format on
+const std::set<std::string> prepare_flags{"--packing", "--padding-free", "--assistant-only-loss",
+                                          "--shuffle", "--quiet"};
+
 int run_prepare(const prepare_options& opt_in) {
   prepare_options o = opt_in;
   const auto t0 = std::chrono::steady_clock::now();
@@ -830,13 +842,8 @@ int run_prepare(const prepare_options& opt_in) {
 }  // namespace
 
 int prepare(int argc, char** argv) {
-  return with_arguments(
-      argc, argv,
-      {"--tokenizer", "--data", "--out", "--objective", "--model", "--vocab-size", "--max-length",
-       "--truncation-mode", "--completion-only-loss", "--enable-thinking", "--scale-rewards",
-       "--seed", "--eval-split", "--eval-out"},
-      {"--packing", "--padding-free", "--assistant-only-loss", "--shuffle", "--quiet"},
-      prepare_usage, [](const arguments& a) { return run_prepare(parse_options(a)); });
+  return with_arguments(argc, argv, prepare_valued, prepare_flags, prepare_usage,
+                        [](const arguments& a) { return run_prepare(parse_options(a)); });
 }
 
 #endif
