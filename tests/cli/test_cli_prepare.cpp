@@ -320,6 +320,18 @@ TEST_CASE("prepare then train: the loss falls (Qwen3's real tokenizer, conversat
   CHECK(s["chat_format"] == "qwen3");
   CHECK(s["train"]["supervised_tokens"].get<int>() < s["train"]["tokens"].get<int>() / 2);
   CHECK(loss_falls(model, batch, 1, 16));
+  // a role the format does not have: one line naming the line and the message, nothing written
+  const auto bad = write_lines(
+      dir / "bad.jsonl",
+      {chats[0],
+       R"({"messages": [{"role": "user", "content": "hi"}, {"role": "robot", "content": "beep"}]})"});
+  const auto r = run("prepare --tokenizer " + q(tok_dir) + " --data " + q(bad) + " --out " +
+                     q(dir / "bad.safetensors"));
+  CHECK(r.code == 1);
+  CHECK(cli_testing::lines(r.err) == 1);
+  CHECK(r.err.find("line 2: field 'messages': messages[1].role 'robot' is not a role of the qwen3 "
+                   "chat format") != std::string::npos);
+  CHECK(!fs::exists(dir / "bad.safetensors"));
 }
 
 TEST_CASE("prepare: bad input exits 1 with one line naming the line and the field") {
