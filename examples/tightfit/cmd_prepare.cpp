@@ -58,6 +58,8 @@ const char* prepare_usage =
     "  --completion-only-loss B  true (default) or false: labels only on completions\n"
     "  --assistant-only-loss  labels only on the assistant's turns of messages rows\n"
     "  --enable-thinking B    Qwen3 chat format: true or false (default: the template's)\n"
+    "  --date-string D        Llama 3.2 chat format: the system header's date, e.g. '26 Jul 2024'\n"
+    "                         (default: today, as transformers renders it)\n"
     "  --scale-rewards S      grpo: group (default, (r - mean) / (std + 1e-4)) or none\n"
     "  --shuffle              shuffle the rows (with --seed, default 0) before the split\n"
     "  --seed N               the shuffle's seed\n"
@@ -275,6 +277,7 @@ struct prepare_options {
   text::truncation side = text::truncation::keep_start;
   bool packing = false, padding_free = false, completion_only = true, assistant_only = false;
   std::optional<bool> enable_thinking;
+  std::string date_string;
   bool scale_rewards = true, shuffle = false, quiet = false;
   std::uint64_t seed = 0;
   double eval_split = 0;
@@ -315,6 +318,7 @@ prepare_options parse_options(const arguments& a) {
   o.assistant_only = a.has("--assistant-only-loss");
   if (a.has("--enable-thinking"))
     o.enable_thinking = parse_bool("--enable-thinking", a.get("--enable-thinking"));
+  o.date_string = a.get("--date-string");
   const std::string scale = a.get("--scale-rewards", "group");
   if (scale != "group" && scale != "none")
     throw usage_error{"--scale-rewards is '" + scale + "', expected group or none"};
@@ -385,6 +389,7 @@ struct encoder {
   text::rendered_chat render(const std::vector<text::chat_message>& m, std::size_t line) const {
     text::chat_options co;
     co.enable_thinking = o.enable_thinking;
+    co.date_string = o.date_string;
     try {
       return text::render_chat(*format, m, co, tok.bos_token());
     } catch (const error& e) {
@@ -634,7 +639,7 @@ std::string quantity(double v) {
 const std::set<std::string> prepare_valued{
     "--tokenizer", "--data", "--out", "--objective", "--model", "--vocab-size", "--max-length",
     "--truncation-mode", "--completion-only-loss", "--enable-thinking", "--scale-rewards",
-    "--seed", "--eval-split", "--eval-out"};
+    "--seed", "--eval-split", "--eval-out", "--date-string"};
 // clang-format on
 const std::set<std::string> prepare_flags{"--packing", "--padding-free", "--assistant-only-loss",
                                           "--shuffle", "--quiet"};

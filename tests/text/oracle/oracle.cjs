@@ -1,5 +1,5 @@
 // The JavaScript oracle of tests/text: transformers.js (@lenml/tokenizers) encodes and decodes a
-// corpus with the real Qwen3, Llama 3.1 and Gemma 3 tokenizers, and @huggingface/jinja renders
+// corpus with the real Qwen3, Qwen2.5, Llama 3.1, Llama 3.2 and Gemma 3 tokenizers, and @huggingface/jinja renders
 // conversations with each model's own chat template. Writes one JSON file per model, which
 // test_text_oracle compares with tightfit's tokenizer and chat formats.
 //
@@ -88,7 +88,7 @@ const chats = JSON.parse(fs.readFileSync(chatsPath, 'utf8'));
 const hex = (s) => Buffer.from(s, 'utf8').toString('hex');
 
 fs.mkdirSync(outDir, { recursive: true });
-for (const model of ['qwen3', 'llama3_1', 'gemma3']) {
+for (const model of ['qwen3', 'qwen2_5', 'llama3_1', 'llama3_2', 'gemma3']) {
   const dir = path.join(path.resolve(nodeModules), '@lenml', 'tokenizer-' + model, 'models');
   const tokenizerJSON = JSON.parse(fs.readFileSync(path.join(dir, 'tokenizer.json'), 'utf8'));
   const tokenizerConfig = JSON.parse(
@@ -111,7 +111,7 @@ for (const model of ['qwen3', 'llama3_1', 'gemma3']) {
   const template = new Template(tokenizerConfig.chat_template);
   const render = (messages, add_generation_prompt) => template.render({
     messages, add_generation_prompt, bos_token: tokenizerConfig.bos_token,
-    eos_token: tokenizerConfig.eos_token,
+    eos_token: tokenizerConfig.eos_token, date_string: '26 Jul 2024',  // Llama 3.2's system header
   });
   for (const chat of chats) {
     const entry = { name: chat.name, rendered: null, rendered_generation: null };
