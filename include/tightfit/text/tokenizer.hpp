@@ -154,13 +154,22 @@ class hf_tokenizer {
                                 const std::string& src, const std::string& cfg_src) {
     hf_tokenizer t;
     t.id_ = next_id();
-    t.parse_pre_tokenizer(j, src);  // decides byte_level, which the model needs
-    t.parse_normalizer(j, src);
-    t.parse_model(j, src);
-    t.parse_added_tokens(j, src);
-    t.parse_post_processor(j, src);
-    t.parse_decoder(j, src);
-    t.parse_config(cfg, cfg_src);
+    check(j.is_object(), src, ": not a JSON object");
+    try {
+      t.parse_pre_tokenizer(j, src);  // decides byte_level, which the model needs
+      t.parse_normalizer(j, src);
+      t.parse_model(j, src);
+      t.parse_added_tokens(j, src);
+      t.parse_post_processor(j, src);
+      t.parse_decoder(j, src);
+    } catch (const nlohmann::json::exception& e) {  // a field of another JSON type
+      fail(src, ": ", e.what());
+    }
+    try {
+      t.parse_config(cfg, cfg_src);
+    } catch (const nlohmann::json::exception& e) {
+      fail(cfg_src, ": ", e.what());
+    }
     return t;
   }
 
@@ -580,8 +589,10 @@ class hf_tokenizer {
           " must be a string");
     return j[key].get<std::string>();
   }
-  static bool bool_field(const nlohmann::json& j, const char* key, bool fallback) {
+  static bool bool_field(const nlohmann::json& j, const char* key, bool fallback,
+                         const std::string& src, const std::string& where) {
     if (!j.contains(key) || j[key].is_null()) return fallback;
+    check(j[key].is_boolean(), src, ": ", where, ".", key, " is not a boolean");
     return j[key].get<bool>();
   }
   /// "pattern": {"String": s} or {"Regex": r}: (is_regex, text).
@@ -651,7 +662,7 @@ class hf_tokenizer {
                                  : "Isolated";
       check(behavior != "Removed", src, ": ", where, ".behavior 'Removed' is not supported");
       pre_step s;
-      s.matches_only = bool_field(p, "invert", false);
+      s.matches_only = bool_field(p, "invert", false, src, where);
       if (regex) {
         s.what = pre_step::kind::split_regex;
         try {
@@ -669,8 +680,8 @@ class hf_tokenizer {
     } else if (type == "ByteLevel") {
       pre_step s;
       s.what = pre_step::kind::byte_level;
-      s.add_prefix_space = bool_field(p, "add_prefix_space", false);
-      if (bool_field(p, "use_regex", true))
+      s.add_prefix_space = bool_field(p, "add_prefix_space", false, src, where);
+      if (bool_field(p, "use_regex", true, src, where))
         s.regex = std::make_shared<const split_regex>(
             "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+");
       pre_.push_back(std::move(s));
@@ -694,9 +705,9 @@ class hf_tokenizer {
     check(!m.contains("dropout") || m["dropout"].is_null() ||
               (m["dropout"].is_number() && m["dropout"].get<double>() == 0.0),
           src, ": model.dropout is not supported");
-    model_.byte_fallback = bool_field(m, "byte_fallback", false);
-    model_.ignore_merges = bool_field(m, "ignore_merges", false);
-    model_.fuse_unk = bool_field(m, "fuse_unk", false);
+    model_.byte_fallback = bool_field(m, "byte_fallback", false, src, "model");
+    model_.ignore_merges = bool_field(m, "ignore_merges", false, src, "model");
+    model_.fuse_unk = bool_field(m, "fuse_unk", false, src, "model");
     check(m.contains("vocab") && m["vocab"].is_object(), src, ": model.vocab must be an object");
     const auto& inv = unicode_to_byte();
     std::int32_t max_id = -1;
@@ -718,6 +729,9 @@ class hf_tokenizer {
       names.emplace_back(static_cast<std::int32_t>(id), tok);
       max_id = std::max(max_id, static_cast<std::int32_t>(id));
     }
+    // ids are dense in every real vocabulary: a sparse one would cost memory for nothing
+    check(static_cast<std::size_t>(max_id) < m["vocab"].size() + max_id_gap, src,
+          ": model.vocab has an id of ", max_id, " for ", m["vocab"].size(), " tokens");
     id_to_token_.resize(static_cast<std::size_t>(max_id + 1));
     for (const auto& [tok, id] : model_.vocab)
       id_to_token_[static_cast<std::size_t>(id)].text = tok;
@@ -798,11 +812,13 @@ class hf_tokenizer {
       t.id = a["id"].get<std::int64_t>();
       check(t.id >= 0 && t.id < (std::int64_t{1} << 30), src, ": ", where, ".id is ", t.id,
             ", expected an id in [0, 2^30)");
-      t.special = bool_field(a, "special", false);
-      t.lstrip = bool_field(a, "lstrip", false);
-      t.rstrip = bool_field(a, "rstrip", false);
-      check(!bool_field(a, "single_word", false), src, ": ", where,
+      t.special = bool_field(a, "special", false, src, where);
+      t.lstrip = bool_field(a, "lstrip", false, src, where);
+      t.rstrip = bool_field(a, "rstrip", false, src, where);
+      check(!bool_field(a, "single_word", false, src, where), src, ": ", where,
             ".single_word is not supported");
+      check(static_cast<std::size_t>(t.id) < id_to_token_.size() + max_id_gap, src, ": ", where,
+            ".id is ", t.id, ", far past the ", id_to_token_.size(), " ids before it");
       if (static_cast<std::size_t>(t.id) >= id_to_token_.size())
         id_to_token_.resize(static_cast<std::size_t>(t.id) + 1);
       auto& e = id_to_token_[static_cast<std::size_t>(t.id)];
@@ -917,7 +933,8 @@ class hf_tokenizer {
   void parse_config(const nlohmann::json& cfg, const std::string& src) {
     check(cfg.is_object(), src, ": not a JSON object");
     for (const char* key : {"remove_space", "do_lowercase_and_remove_accent"})
-      check(!bool_field(cfg, key, false), src, ": ", key, " is not supported");
+      check(!bool_field(cfg, key, false, src, "tokenizer_config"), src, ": ", key,
+            " is not supported");
     bos_ = token_string(cfg, "bos_token", src);
     eos_ = token_string(cfg, "eos_token", src);
     pad_ = token_string(cfg, "pad_token", src);
@@ -942,6 +959,9 @@ class hf_tokenizer {
       }
     }
   }
+
+  /// How far past the ids already known a new one may lie (vocabularies are dense).
+  static constexpr std::size_t max_id_gap = 65536;
 
   struct trie_node {
     std::map<unsigned char, std::int32_t> next;
