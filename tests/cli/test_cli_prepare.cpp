@@ -320,6 +320,36 @@ TEST_CASE("prepare then train: the loss falls (Qwen3's real tokenizer, conversat
   CHECK(s["chat_format"] == "qwen3");
   CHECK(s["train"]["supervised_tokens"].get<int>() < s["train"]["tokens"].get<int>() / 2);
   CHECK(loss_falls(model, batch, 1, 16));
+  // conversational preferences with an implicit prompt, and a conversational prompt-completion:
+  // the labels hold exactly the last assistant turn (Qwen3 gives it the empty think block)
+  auto supervised_text = [&](const fs::path& file, const std::string& ids_name,
+                             const std::string& labels_name) {
+    const auto f = safetensors_file::open(file);
+    const auto ids = ints(f, ids_name), labels = ints(f, labels_name);
+    const auto t = static_cast<std::size_t>(f.info(ids_name).shape[1]);
+    std::vector<token_id> run;
+    for (std::size_t k = 0; k < t; ++k)  // the first row
+      if (labels[k] != ignore_index) run.push_back(ids[k]);
+    return tok.decode(run);
+  };
+  const auto dpo = write_lines(
+      dir / "dpo.jsonl",
+      {R"({"chosen": [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "Paris."}], "rejected": [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "Lyon."}]})"});
+  REQUIRE(run("prepare --tokenizer " + q(tok_dir) + " --data " + q(dpo) + " --out " +
+              q(dir / "dpo.safetensors"))
+              .code == 0);
+  CHECK(supervised_text(dir / "dpo.safetensors", "chosen_input_ids", "chosen_labels") ==
+        "<think>\n\n</think>\n\nParis.<|im_end|>");
+  CHECK(supervised_text(dir / "dpo.safetensors", "rejected_input_ids", "rejected_labels") ==
+        "<think>\n\n</think>\n\nLyon.<|im_end|>");
+  const auto pc = write_lines(
+      dir / "pc.jsonl",
+      {R"({"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], "completion": [{"role": "assistant", "content": "Hello."}]})"});
+  REQUIRE(run("prepare --tokenizer " + q(tok_dir) + " --data " + q(pc) + " --out " +
+              q(dir / "pc.safetensors"))
+              .code == 0);
+  CHECK(supervised_text(dir / "pc.safetensors", "input_ids", "labels") ==
+        "<think>\n\n</think>\n\nHello.<|im_end|>");
   // a role the format does not have: one line naming the line and the message, nothing written
   const auto bad = write_lines(
       dir / "bad.jsonl",
