@@ -360,10 +360,13 @@ void check_output_paths(const prepare_options& o) {
       refuse("cannot be written: directory '" + dir.string() + "' does not exist");
     if (::access(dir.c_str(), W_OK | X_OK) != 0)
       refuse("cannot be written: '" + dir.string() + "' is not writable");
-    for (const auto& in : input_dirs) {
+    for (const auto& in : input_dirs) {  // the directory or any directory above it
       if (!fs::is_directory(in, ec)) continue;
-      if (fs::equivalent(dir, in, ec))
-        refuse("is inside the input directory '" + in.string() + "'; refusing to write there");
+      for (fs::path d = fs::weakly_canonical(dir, ec); !d.empty(); d = d.parent_path()) {
+        if (fs::equivalent(d, in, ec))
+          refuse("is inside the input directory '" + in.string() + "'; refusing to write there");
+        if (d == d.parent_path()) break;
+      }
     }
   }
   if (outputs.size() == 2 &&
@@ -382,7 +385,6 @@ struct row_result {
 struct encoder {
   const text::hf_tokenizer& tok;
   std::optional<text::chat_format> format;
-  std::string template_name;
   std::optional<token_id> eos;
   const prepare_options& o;
 
@@ -698,7 +700,7 @@ int run_prepare(const prepare_options& opt_in) {
   check(!in.bad(), o.data.string(), ": read error");
   check(!rows.empty(), o.data.string(), ": no rows");
   // the chat format
-  encoder enc{tok, std::nullopt, "", eos, o};
+  encoder enc{tok, std::nullopt, eos, o};
   if (chat) {
     const std::string& t = tok.chat_template();
     if (t.empty())

@@ -404,10 +404,12 @@ TEST_CASE("prepare: bad input exits 1 with one line naming the line and the fiel
 TEST_CASE("prepare: output paths and chat templates it does not know exit 2") {
   const fs::path dir = cli_testing::scratch("prepare_args");
   const auto tok_dir = tiny_tokenizer(dir / "tok", "{{ messages }}");
+  fs::create_directories(tok_dir / "sub");
   const auto data = write_lines(dir / "rows.jsonl", {R"({"text": "x"})"});
   const std::string base = "prepare --tokenizer " + q(tok_dir) + " --data " + q(data);
   for (const std::string& args :
        {base + " --out " + q(data), base + " --out " + q(tok_dir / "batch.safetensors"),
+        base + " --out " + q(tok_dir / "sub" / "batch.safetensors"),
         base + " --out " + q(dir / "missing" / "b.safetensors"),
         base + " --out " + q(dir / "a.st") + " --eval-out " + q(dir / "a.st") + " --eval-split 0.5",
         base + " --out " + q(dir / "a.st") + " --eval-split 0.5",
