@@ -206,6 +206,11 @@ TEST_CASE("chat formats: the assistant's ranges, roles refused by name, template
     CHECK_THROWS_WITH_AS(text::render_chat(f, robot, {}, ""),
                          doctest::Contains("messages[0].role 'robot'"), error);
   CHECK(!text::recognise_chat_template("{{ messages }}").has_value());
+  // invalid UTF-8 is replaced before rendering, so the ranges hold for what encode sees
+  const std::vector<text::chat_message> bad{{"user", "q", std::nullopt},
+                                            {"assistant", "a\xFF", std::nullopt}};
+  const auto b = text::render_chat(text::chat_format::llama3, bad, {}, "");
+  CHECK(b.text.substr(b.assistant[0].first) == "a\xEF\xBF\xBD<|eot_id|>");
   // Python's strip('\n') keeps the spaces that @huggingface/jinja's strip removes
   const std::vector<text::chat_message> spaced{{"user", "q", std::nullopt},
                                                {"assistant", "  a", std::nullopt}};

@@ -377,9 +377,22 @@ inline rendered_chat render_gemma3(std::span<const chat_message> m, const chat_o
 
 /// Renders `messages` in `format`; `bos` is tokenizer_config.json's bos_token (Llama 3 and
 /// Gemma 3 begin with it). An unknown role, or (Gemma 3) roles that do not alternate, is an
-/// error naming the message.
+/// error naming the message. Invalid UTF-8 in a message becomes U+FFFD (WHATWG), as in encode.
 inline rendered_chat render_chat(chat_format format, std::span<const chat_message> messages,
                                  const chat_options& options, std::string_view bos) {
+  // invalid UTF-8 becomes U+FFFD here, as encode would make it, so that the assistant ranges
+  // hold for the text the tokenizer sees
+  std::vector<chat_message> clean;
+  for (const auto& m : messages)
+    if (!is_valid_utf8(m.content) || !is_valid_utf8(m.role) ||
+        (m.reasoning_content && !is_valid_utf8(*m.reasoning_content))) {
+      for (const auto& c : messages)
+        clean.push_back({sanitize_utf8(c.role), sanitize_utf8(c.content),
+                         c.reasoning_content ? std::optional(sanitize_utf8(*c.reasoning_content))
+                                             : std::nullopt});
+      messages = clean;
+      break;
+    }
   switch (format) {
     case chat_format::qwen3:
       return detail::render_qwen3(messages, options);
