@@ -32,6 +32,18 @@ json char_bpe(const std::vector<std::string>& vocab,
           {"added_tokens", json::array()}};
 }
 
+/// The 256 byte tokens of byte-level BPE, in GPT-2's alphabet, as ids 0..255.
+json byte_vocab() {
+  json v = json::object();
+  const auto map = text::detail::byte_to_unicode();
+  for (int b = 0; b < 256; ++b) {
+    std::string s;
+    text::append_utf8(s, map[static_cast<std::size_t>(b)]);
+    v[s] = b;
+  }
+  return v;
+}
+
 text::hf_tokenizer make(const json& j, const json& cfg = json::object()) {
   return text::hf_tokenizer::from_json(j, cfg, "tokenizer.json", "tokenizer_config.json");
 }
@@ -104,14 +116,8 @@ TEST_CASE("added tokens: the longest match, special or not, before normalization
 }
 
 TEST_CASE("byte-level BPE: offsets, decode(encode(x)) == x, invalid UTF-8 as U+FFFD") {
-  // the 256 byte tokens in GPT-2's alphabet, and one merge of "h" "i"
-  json v = json::object();
-  const auto map = text::detail::byte_to_unicode();
-  for (int b = 0; b < 256; ++b) {
-    std::string s;
-    text::append_utf8(s, map[static_cast<std::size_t>(b)]);
-    v[s] = b;
-  }
+  // the 256 byte tokens and one merge of "h" "i"
+  json v = byte_vocab();
   v["hi"] = 256;
   json j = {
       {"model", {{"type", "BPE"}, {"vocab", v}, {"merges", json::array({"h i"})}}},
@@ -135,13 +141,7 @@ TEST_CASE("byte-level BPE: offsets, decode(encode(x)) == x, invalid UTF-8 as U+F
 
 TEST_CASE("encode_batch: documents in parallel, each as encode gives it") {
   // a byte-level tokenizer whose split regex runs per thread, and words that fill the caches
-  json v = json::object();
-  const auto map = text::detail::byte_to_unicode();
-  for (int b = 0; b < 256; ++b) {
-    std::string s;
-    text::append_utf8(s, map[static_cast<std::size_t>(b)]);
-    v[s] = b;
-  }
+  json v = byte_vocab();
   v["ab"] = 256;
   v["abab"] = 257;
   json j = {{"model", {{"type", "BPE"}, {"vocab", v}, {"merges", json::array({"a b", "ab ab"})}}},

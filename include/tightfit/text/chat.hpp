@@ -289,6 +289,17 @@ inline std::string today_string() {
   return buf;
 }
 
+/// One Llama 3 turn: header, trimmed content, <|eot_id|> (the assistant's range: content on).
+inline void llama_turn(chat_writer& w, std::span<const chat_message> m, std::size_t i,
+                       const chat_options& o) {
+  w.text("<|start_header_id|>" + m[i].role + "<|end_header_id|>\n\n");
+  const std::string body = trim(m[i].content, o.javascript_strip) + "<|eot_id|>";
+  if (m[i].role == "assistant")
+    w.assistant(i, body);
+  else
+    w.text(body);
+}
+
 inline rendered_chat render_llama3_2(std::span<const chat_message> m, const chat_options& o,
                                      std::string_view bos) {
   chat_writer w;
@@ -313,12 +324,7 @@ inline rendered_chat render_llama3_2(std::span<const chat_message> m, const chat
       w.text("<|start_header_id|>ipython<|end_header_id|>\n\n" + msg.content + "<|eot_id|>");
       continue;
     }
-    w.text("<|start_header_id|>" + msg.role + "<|end_header_id|>\n\n");
-    const std::string body = trim(msg.content, o.javascript_strip) + "<|eot_id|>";
-    if (msg.role == "assistant")
-      w.assistant(i, body);
-    else
-      w.text(body);
+    llama_turn(w, m, i, o);
   }
   if (o.add_generation_prompt) w.text("<|start_header_id|>assistant<|end_header_id|>\n\n");
   return std::move(w.out);
@@ -328,16 +334,10 @@ inline rendered_chat render_llama3(std::span<const chat_message> m, const chat_o
                                    std::string_view bos) {
   chat_writer w;
   for (std::size_t i = 0; i < m.size(); ++i) {
-    const auto& msg = m[i];
-    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant")
-      unknown_role(chat_format::llama3, i, msg.role, "system, user or assistant");
+    if (m[i].role != "system" && m[i].role != "user" && m[i].role != "assistant")
+      unknown_role(chat_format::llama3, i, m[i].role, "system, user or assistant");
     if (i == 0) w.text(bos);
-    w.text("<|start_header_id|>" + msg.role + "<|end_header_id|>\n\n");
-    const std::string body = trim(msg.content, o.javascript_strip) + "<|eot_id|>";
-    if (msg.role == "assistant")
-      w.assistant(i, body);
-    else
-      w.text(body);
+    llama_turn(w, m, i, o);
   }
   if (o.add_generation_prompt) w.text("<|start_header_id|>assistant<|end_header_id|>\n\n");
   return std::move(w.out);
