@@ -18,12 +18,8 @@ void usage(std::FILE* out) {
                "  bench     benchmark tables (bench stream ...)\n"
                "  plan      the memory planner: chunk size and largest sequence per schedule\n"
                "  measure   dimensions of an object in a 3D point cloud (MEBB)\n"
-<<<<<<< HEAD
                "  train     training: Adam(W), SGD, BAdam, BREAD, LoRA; data / sequence parallel\n"
-=======
-               "  train     block coordinate training (BAdam / BREAD)\n"
                "  prepare   JSONL text, prompts, chats or preferences to token batch files\n"
->>>>>>> tokenizer
                "run 'tightfit <command> --help' for the options of a command\n");
 }
 
