@@ -101,7 +101,7 @@ predicted_peaks predict_peaks(const model_config& config, index_t batch, index_t
   } else {
     using runner = detail::dry_runner<T, Layer, O>;
     std::optional<runner> local;
-    auto dry = [&]() -> runner& {
+    auto runner_of = [&]() -> runner& {
       if (cache == nullptr) return local ? *local : local.emplace(config, objective);
       return cache->template runner<runner>(config, objective);
     };
@@ -110,14 +110,14 @@ predicted_peaks predict_peaks(const model_config& config, index_t batch, index_t
         backward_options o = options;
         o.chunk = p.chunk;
         o.head_chunk_rows = p.head_rows;
-        return dry().run(batch, p.seq_len, o, true);
+        return runner_of().run(batch, p.seq_len, o, true);
       };
       if (const auto p = detail::closed_form_peaks(
               batch, seq_len, options, default_head_chunk_rows(config, batch, options.chunk), run,
               cache))
         return *p;
     }
-    const auto r = dry().run(batch, seq_len, options, false);
+    const auto r = runner_of().run(batch, seq_len, options, false);
     return {r.activation_bytes, r.host_bytes};
   }
 }
