@@ -232,77 +232,20 @@ detail::recorded_run dry_run_peaks_recorded(const model_config& cfg, index_t t,
   return r.run(1, t, o, true);
 }
 
-/// The planner's searches as they were before the closed form (each price a dry run at T): the
-/// reference the closed form must reproduce.
+/// The plan with every price a dry run at T (the planner before the closed form): the reference
+/// the closed form must reproduce. The searches are plan_memory's own (detail::plan_search).
 plan_result reference_plan(const model_config& config, index_t batch, index_t seq_len,
                            std::size_t budget_bytes, index_t stream_chunk, index_t max_seq) {
-  plan_result r;
-  r.budget_bytes = budget_bytes;
-  auto peaks = [&](backward_schedule s, index_t t, index_t chunk, index_t k, bool offload) {
-    backward_options o;
-    o.sched = s;
-    o.chunk = chunk;
-    o.keep_every = k;
-    o.offload_layer_inputs = offload;
-    return dry_run_peaks(config, batch, t, o, sft_loss{});
-  };
-  auto peak = [&](backward_schedule s, index_t t, index_t chunk, index_t k = 1) {
-    return peaks(s, t, chunk, k, false).activation_bytes;
-  };
-  const index_t nl = config.num_hidden_layers;
-  for (index_t k = 1; k <= nl && r.chunk == 0; ++k) {
-    for (index_t c = 1; c <= seq_len; c *= 2) {
-      const std::size_t p = peak(backward_schedule::stream, seq_len, c, k);
-      if (p > budget_bytes) break;
-      r.chunk = c;
-      r.chunk_peak_bytes = p;
-      r.keep_every = k;
-      r.recomputed_layers = recomputed_layer_forwards(nl, k);
-      if (c > seq_len / 2) break;
-    }
-  }
-  r.stream_chunk = stream_chunk > 0 ? stream_chunk : 512;
-  r.max_seq_full = detail::largest_fitting(
-      max_seq, [&](index_t t) { return peak(backward_schedule::full, t, t) <= budget_bytes; });
-  r.max_seq_checkpoint = detail::largest_fitting(max_seq, [&](index_t t) {
-    return peak(backward_schedule::checkpoint, t, t) <= budget_bytes;
-  });
-  r.max_seq_stream = detail::largest_fitting(max_seq, [&](index_t t) {
-    return peak(backward_schedule::stream, t, r.stream_chunk) <= budget_bytes;
-  });
-  index_t fewest = nl;
-  for (index_t k = 1; k <= nl; ++k) fewest = std::min(fewest, stored_layer_inputs(nl, k));
-  std::vector<index_t> candidates;
-  for (index_t k = 1; k <= nl; ++k)
-    if (stored_layer_inputs(nl, k) == fewest) candidates.push_back(k);
-  auto fitting_k = [&](backward_schedule s, index_t t) -> index_t {
-    for (index_t k : candidates)
-      if (peak(s, t, s == backward_schedule::stream ? r.stream_chunk : t, k) <= budget_bytes)
-        return k;
-    return 0;
-  };
-  for (auto s : {backward_schedule::checkpoint, backward_schedule::stream}) {
-    const index_t chunk_of = s == backward_schedule::stream ? r.stream_chunk : 0;
-    auto offloaded = [&](index_t n) { return peaks(s, n, chunk_of > 0 ? chunk_of : n, 1, true); };
-    const index_t to = detail::largest_fitting(
-        max_seq, [&](index_t n) { return offloaded(n).activation_bytes <= budget_bytes; });
-    const std::size_t host = to > 0 ? offloaded(to).host_bytes : 0;
-    const index_t t =
-        detail::largest_fitting(max_seq, [&](index_t n) { return fitting_k(s, n) > 0; });
-    const index_t k = t > 0 ? fitting_k(s, t) : 1;
-    if (s == backward_schedule::checkpoint) {
-      r.max_seq_checkpoint_offload = to;
-      r.checkpoint_offload_host_bytes = host;
-      r.max_seq_checkpoint_spaced = t;
-      r.checkpoint_keep_every = k;
-    } else {
-      r.max_seq_stream_offload = to;
-      r.stream_offload_host_bytes = host;
-      r.max_seq_stream_spaced = t;
-      r.stream_keep_every = k;
-    }
-  }
-  return r;
+  return detail::plan_search(
+      config.num_hidden_layers, seq_len, budget_bytes, stream_chunk, max_seq,
+      [&](backward_schedule s, index_t t, index_t chunk, index_t k, bool offload) {
+        backward_options o;
+        o.sched = s;
+        o.chunk = chunk;
+        o.keep_every = k;
+        o.offload_layer_inputs = offload;
+        return dry_run_peaks(config, batch, t, o, sft_loss{});
+      });
 }
 
 }  // namespace

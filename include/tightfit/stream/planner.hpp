@@ -180,33 +180,20 @@ index_t largest_fitting(index_t limit, Fits&& fits) {
   }
   return lo;
 }
-}  // namespace detail
 
-/// The planner: largest power-of-two chunk (<= T) whose stream peak fits the budget at T, and
-/// the largest T per schedule (stream with `stream_chunk`, default 512),
-/// searched up to max_seq.
-template <std::floating_point T, template <class> class Layer = config_layer, Objective O>
-plan_result plan_memory(const model_config& config, index_t batch, index_t seq_len,
-                        std::size_t budget_bytes, const O& objective, index_t stream_chunk = 0,
-                        index_t max_seq = index_t{1} << 22) {
-  config.validate();
-  check(batch >= 1, "plan_memory: batch is ", batch, ", expected >= 1");
-  check(seq_len >= 1, "plan_memory: sequence length is ", seq_len, ", expected >= 1");
+/// The planner's searches over a price `peaks(schedule, T, chunk, keep_every, offload)` (a
+/// predicted_peaks) for a model of `nl` layers: the chunk at seq_len (spacings from 1 up, chunks
+/// doubling while they fit), then the largest T of each schedule (doubling, then bisection up to
+/// max_seq), with spacing and with offload. plan_memory prices by the closed form; the tests
+/// price by the dry run itself and expect the same plan.
+template <class Peaks>
+plan_result plan_search(index_t nl, index_t seq_len, std::size_t budget_bytes, index_t stream_chunk,
+                        index_t max_seq, Peaks&& peaks) {
   plan_result r;
   r.budget_bytes = budget_bytes;
-  detail::peak_model_cache cache;  // the closed forms of this model, batch and objective
-  auto peaks = [&](backward_schedule s, index_t t, index_t chunk, index_t k, bool offload) {
-    backward_options o;
-    o.sched = s;
-    o.chunk = chunk;
-    o.keep_every = k;
-    o.offload_layer_inputs = offload;
-    return predict_peaks<T, Layer>(config, batch, t, o, objective, &cache);
-  };
   auto peak = [&](backward_schedule s, index_t t, index_t chunk, index_t k = 1) {
     return peaks(s, t, chunk, k, false).activation_bytes;
   };
-  const index_t nl = config.num_hidden_layers;
   // The fastest policy at seq_len: the smallest spacing with a fitting chunk, then its largest
   // power-of-two chunk.
   for (index_t k = 1; k <= nl && r.chunk == 0; ++k) {
@@ -230,7 +217,7 @@ plan_result plan_memory(const model_config& config, index_t batch, index_t seq_l
     return peak(backward_schedule::stream, t, r.stream_chunk) <= budget_bytes;
   });
   // With spacing: the spacings that store the fewest layer inputs (the others cannot reach a
-  // longer T: everything else they allocate is the same), each priced by a dry run.
+  // longer T: everything else they allocate is the same), each priced.
   index_t fewest = nl;
   for (index_t k = 1; k <= nl; ++k) fewest = std::min(fewest, stored_layer_inputs(nl, k));
   std::vector<index_t> candidates;
@@ -268,6 +255,31 @@ plan_result plan_memory(const model_config& config, index_t batch, index_t seq_l
     }
   }
   return r;
+}
+
+}  // namespace detail
+
+/// The planner: largest power-of-two chunk (<= T) whose stream peak fits the budget at T, and
+/// the largest T per schedule (stream with `stream_chunk`, default 512),
+/// searched up to max_seq.
+template <std::floating_point T, template <class> class Layer = config_layer, Objective O>
+plan_result plan_memory(const model_config& config, index_t batch, index_t seq_len,
+                        std::size_t budget_bytes, const O& objective, index_t stream_chunk = 0,
+                        index_t max_seq = index_t{1} << 22) {
+  config.validate();
+  check(batch >= 1, "plan_memory: batch is ", batch, ", expected >= 1");
+  check(seq_len >= 1, "plan_memory: sequence length is ", seq_len, ", expected >= 1");
+  detail::peak_model_cache cache;  // the closed forms of this model, batch and objective
+  return detail::plan_search(
+      config.num_hidden_layers, seq_len, budget_bytes, stream_chunk, max_seq,
+      [&](backward_schedule s, index_t t, index_t chunk, index_t k, bool offload) {
+        backward_options o;
+        o.sched = s;
+        o.chunk = chunk;
+        o.keep_every = k;
+        o.offload_layer_inputs = offload;
+        return predict_peaks<T, Layer>(config, batch, t, o, objective, &cache);
+      });
 }
 
 }  // namespace tightfit
