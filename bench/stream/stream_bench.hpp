@@ -519,7 +519,7 @@ inline int stream_bench_main(int argc, char** argv, const std::vector<std::strin
       // a full disk or /dev/full: the rows were not written (exit 1)
       const bool failed = std::ferror(f) != 0;
       const int closed = std::fclose(f);
-      check(!failed && closed == 0, "bench_stream: cannot write ", csv, ": ", std::strerror(errno));
+      check(!failed && closed == 0, "cannot write ", csv, ": ", std::strerror(errno));
       std::printf("wrote %s\n", csv.c_str());
     }
   } catch (const std::exception& e) {
