@@ -58,8 +58,12 @@ class output_paths {
     inputs_.push_back({p, resolve(p)});
     for (const auto& o : outputs_) check_against_input(o, inputs_.back(), false);
   }
-  /// A folder the command reads (a model or adapter folder): nothing may be written in it.
+  /// A folder the command reads (a model or adapter folder): nothing may be written in it, and
+  /// its files are inputs (so that a message names the file an output would overwrite).
   void input_dir(const path& p) {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(p, ec))
+      if (e.is_regular_file(ec)) input_file(e.path());
     input_dirs_.push_back({p, resolve(p)});
     for (const auto& o : outputs_) check_against_input(o, input_dirs_.back(), true);
   }
@@ -78,6 +82,9 @@ class output_paths {
     std::error_code ec;
     if (std::filesystem::is_directory(p, ec)) {
       if (in_dir == nullptr) refuse(key, p, "is a directory, expected a file name");
+      for (const auto& in : input_dirs_)
+        if (inside(resolve(p), in.resolved))
+          refuse(key, p, "is the input directory '" + in.given.string() + "' or inside it");
       add_output(key, p, p / in_dir);
     } else {
       add_output(key, p, p);
@@ -154,7 +161,9 @@ class output_paths {
     for (const auto& other : outputs_)
       if (other.resolved == o.resolved ||
           (fs::exists(o.resolved, ec) && fs::equivalent(o.resolved, other.resolved, ec)))
-        refuse(key, shown, "is also written by " + other.key + " ('" + other.shown.string() + "')");
+        refuse(
+            key, shown,
+            "is also written by another option (" + other.key + " '" + other.shown.string() + "')");
     if (fs::exists(o.resolved, ec)) {
       if (fs::is_directory(o.resolved, ec))
         refuse(key, shown, "names a directory '" + o.resolved.string() + "'");

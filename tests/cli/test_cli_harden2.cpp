@@ -174,9 +174,9 @@ TEST_CASE("2./3. outputs: never an input, never inside the model or adapter fold
                            " --optimizer lora --adapter " + q(adapter) + " --steps 1 --quiet";
   // train's outputs onto the adapter it reads (issue 35: it replaced the adapter)
   check_one_line(run_limited(lora + " --save-state " + q(adapter / "adapter_model.safetensors")), 2,
-                 {"--save-state", "input directory"});
+                 {"--save-state", "would overwrite the input"});
   check_one_line(run_limited(lora + " --log " + q(adapter / "adapter_config.json")), 2,
-                 {"--log", "input directory"});
+                 {"--log", "would overwrite the input"});
   check_one_line(run_limited(lora + " --save-model " + q(adapter)), 2,
                  {"--save-model", "input directory"});
   const auto to_adapter = f.dir / "to-adapter";
@@ -184,6 +184,8 @@ TEST_CASE("2./3. outputs: never an input, never inside the model or adapter fold
   fs::create_directory_symlink(adapter, to_adapter);
   check_one_line(run_limited(lora + " --log " + q(to_adapter / "new.jsonl")), 2,
                  {"--log", "input directory"});
+  check_one_line(run_limited(lora + " --log " + q(to_adapter / "adapter_config.json")), 2,
+                 {"--log", "would overwrite the input"});
   // new files inside the model folder: grad, logprobs, train (also through links)
   check_one_line(run_limited("grad --model " + q(f.model) + " --batch " + q(batch) + " --out " +
                              q(f.model / "new.safetensors")),
