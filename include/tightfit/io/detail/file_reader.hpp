@@ -7,7 +7,8 @@
 // reports the same event as a short read: a tightfit::error naming the file, the offset and the
 // length it had when it was opened. Thread-safe: reads share no file position, so any number of
 // threads may read one file_reader at once. The cost against the mapping (docs/benchmarks.md,
-// "Reading files: pread against mmap"): within a few per cent on a warm page cache.
+// "Reading files: pread against mmap"): the copy from the page cache, about 0.04 ms per MiB
+// (19 % more CPU than converting in place from a mapping, on a warm cache).
 //
 // Invariants: the file is a regular file (a directory, a FIFO, a device is refused when opened,
 // without blocking on a FIFO that has no writer); size() is its length when opened, and every
