@@ -97,6 +97,12 @@ void check_one_line(const outcome& r, int code, std::initializer_list<std::strin
     CHECK(r.err.find(never) == std::string::npos);
 }
 
+/// Whether measure measured the cloud: exit 0, or 3 (measured, but not a trustworthy box: the
+/// synthetic clouds here are a lattice, not a bag on a belt).
+bool measured(const outcome& r) {
+  return r.code == 0 || r.code == 3;
+}
+
 std::string bytes_of(const fs::path& p) {
   return cli_testing::slurp(p);
 }
@@ -120,7 +126,8 @@ void write_float_ply(const fs::path& p, std::size_t n) {
 
 TEST_CASE("1. truncated while read: 100 races end in exit 0 or 1 naming the file, no signal") {
   // Another process shrinks the input to nothing at a varying moment while the tool reads it:
-  // the read either happened before (exit 0) or reports the file (exit 1); a mapped reader died
+  // the read either happened before (measured: exit 0 or 3) or reports the file (exit 1); a
+  // mapped reader died
   // of SIGBUS here (issue 35: 28 of 36 trials).
   const fs::path dir = cli_testing::scratch("race");
   const fs::path ply = dir / "shrinks.ply";
@@ -132,7 +139,7 @@ TEST_CASE("1. truncated while read: 100 races end in exit 0 or 1 naming the file
                             "measure --method aabb " + q(ply));
     CAPTURE(trial);
     CAPTURE(r.err);
-    REQUIRE((r.code == 0 || r.code == 1));  // a signal makes the shell report 128 + N
+    REQUIRE((measured(r) || r.code == 1));  // a signal makes the shell report 128 + N
     if (r.code == 1) {
       ++errors;
       CHECK(problem_lines(r.err).size() == 1);
@@ -347,7 +354,7 @@ TEST_CASE("7. sizes before allocation: adapters, batches, data sets and clouds")
   write_float_ply(cloud, 2000);
   check_one_line(run_limited("measure --max-points 1000 " + q(cloud)), 1,
                  {"has 2000 vertices, more than the limit of 1000 points", "--max-points"});
-  CHECK(run_limited("measure --max-points 2000 --method aabb " + q(cloud)).code == 0);
+  CHECK(measured(run_limited("measure --max-points 2000 --method aabb " + q(cloud))));
 #ifndef TIGHTFIT_CLI_TESTING_ASAN
   write_float_ply(cloud, 2000000);
   const auto r = run_with("ulimit -v 409600 && MALLOC_ARENA_MAX=2 ", "measure " + q(cloud));
@@ -362,7 +369,7 @@ TEST_CASE("8. measure --json: file names that are not UTF-8 come out as U+FFFD")
   write_float_ply(good, 3000);
   const auto r = run("measure --method aabb --json " + q(bad) + " " + q(good));
   CAPTURE(r.err);
-  CHECK(r.code == 0);
+  CHECK(measured(r));
   const auto j = nlohmann::json::parse(r.out);
   REQUIRE(j.size() == 2);  // the other cloud's result is not lost
   CHECK(j[0]["file"].get<std::string>().find("\xef\xbf\xbd") != std::string::npos);
@@ -471,7 +478,7 @@ TEST_CASE("minor: a FIFO without a writer, a directory, control bytes in names")
   const fs::path odd = dir / "odd\x1b[2Jname.ply";
   write_float_ply(odd, 3000);
   const auto t = run("measure --method aabb " + q(odd));
-  CHECK(t.code == 0);
+  CHECK(measured(t));
   CHECK(t.out.find('\x1b') == std::string::npos);
   CHECK(t.out.find("odd\\x1b[2Jname.ply") != std::string::npos);
 }
