@@ -26,12 +26,7 @@
 
 using namespace tightfit;
 namespace fs = std::filesystem;
-using cli_testing::outcome;
-using cli_testing::problem_lines;
-using cli_testing::q;
-using cli_testing::run;
-using cli_testing::run_limited;
-using cli_testing::run_with;
+using namespace tightfit::cli_testing;  // run, run_limited, run_with, q, outcome, scratch, ...
 
 namespace {
 

@@ -236,16 +236,10 @@ detail::recorded_run dry_run_peaks_recorded(const model_config& cfg, index_t t,
 /// the closed form must reproduce. The searches are plan_memory's own (detail::plan_search).
 plan_result reference_plan(const model_config& config, index_t batch, index_t seq_len,
                            std::size_t budget_bytes, index_t stream_chunk, index_t max_seq) {
-  return detail::plan_search(
-      config.num_hidden_layers, seq_len, budget_bytes, stream_chunk, max_seq,
-      [&](backward_schedule s, index_t t, index_t chunk, index_t k, bool offload) {
-        backward_options o;
-        o.sched = s;
-        o.chunk = chunk;
-        o.keep_every = k;
-        o.offload_layer_inputs = offload;
-        return dry_run_peaks(config, batch, t, o, sft_loss{});
-      });
+  return detail::plan_search(config.num_hidden_layers, seq_len, budget_bytes, stream_chunk, max_seq,
+                             [&](index_t t, const backward_options& o) {
+                               return dry_run_peaks(config, batch, t, o, sft_loss{});
+                             });
 }
 
 }  // namespace

@@ -181,16 +181,24 @@ index_t largest_fitting(index_t limit, Fits&& fits) {
   return lo;
 }
 
-/// The planner's searches over a price `peaks(schedule, T, chunk, keep_every, offload)` (a
-/// predicted_peaks) for a model of `nl` layers: the chunk at seq_len (spacings from 1 up, chunks
+/// The planner's searches over a price `price(T, options)` (a predicted_peaks) for a model of
+/// `nl` layers: the chunk at seq_len (spacings from 1 up, chunks
 /// doubling while they fit), then the largest T of each schedule (doubling, then bisection up to
 /// max_seq), with spacing and with offload. plan_memory prices by the closed form; the tests
 /// price by the dry run itself and expect the same plan.
-template <class Peaks>
+template <class Price>
 plan_result plan_search(index_t nl, index_t seq_len, std::size_t budget_bytes, index_t stream_chunk,
-                        index_t max_seq, Peaks&& peaks) {
+                        index_t max_seq, Price&& price) {
   plan_result r;
   r.budget_bytes = budget_bytes;
+  auto peaks = [&](backward_schedule s, index_t t, index_t chunk, index_t k, bool offload) {
+    backward_options o;
+    o.sched = s;
+    o.chunk = chunk;
+    o.keep_every = k;
+    o.offload_layer_inputs = offload;
+    return price(t, o);
+  };
   auto peak = [&](backward_schedule s, index_t t, index_t chunk, index_t k = 1) {
     return peaks(s, t, chunk, k, false).activation_bytes;
   };
@@ -270,16 +278,11 @@ plan_result plan_memory(const model_config& config, index_t batch, index_t seq_l
   check(batch >= 1, "plan_memory: batch is ", batch, ", expected >= 1");
   check(seq_len >= 1, "plan_memory: sequence length is ", seq_len, ", expected >= 1");
   detail::peak_model_cache cache;  // the closed forms of this model, batch and objective
-  return detail::plan_search(
-      config.num_hidden_layers, seq_len, budget_bytes, stream_chunk, max_seq,
-      [&](backward_schedule s, index_t t, index_t chunk, index_t k, bool offload) {
-        backward_options o;
-        o.sched = s;
-        o.chunk = chunk;
-        o.keep_every = k;
-        o.offload_layer_inputs = offload;
-        return predict_peaks<T, Layer>(config, batch, t, o, objective, &cache);
-      });
+  return detail::plan_search(config.num_hidden_layers, seq_len, budget_bytes, stream_chunk, max_seq,
+                             [&](index_t t, const backward_options& o) {
+                               return predict_peaks<T, Layer>(config, batch, t, o, objective,
+                                                              &cache);
+                             });
 }
 
 }  // namespace tightfit
