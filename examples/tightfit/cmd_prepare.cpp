@@ -24,6 +24,7 @@
 
 #include "args.hpp"
 #include "commands.hpp"
+#include "output_paths.hpp"
 
 #if defined(TIGHTFIT_HAS_TEXT) && TIGHTFIT_HAS_TEXT
 #include <nlohmann/json.hpp>
@@ -336,42 +337,16 @@ prepare_options parse_options(const arguments& a) {
   return o;
 }
 
-/// The output checks of prepare, in one place: an output is neither an input (the data file,
-/// a file of the tokenizer or model directory, through links) nor inside an input directory,
-/// the two outputs differ, and their directories exist and are writable. Usage errors (exit 2).
+/// The output checks of prepare: the shared rule of every command (output_paths.hpp): an output
+/// is neither an input (the data file, the tokenizer or model folder and their files, through
+/// links) nor inside an input folder, the two outputs differ, their folders are writable.
 void check_output_paths(const prepare_options& o) {
-  std::vector<fs::path> input_dirs{o.tokenizer};
-  if (!o.model.empty()) input_dirs.push_back(o.model);
-  std::vector<fs::path> outputs{o.out};
-  if (!o.eval_out.empty()) outputs.push_back(o.eval_out);
-  std::error_code ec;
-  std::vector<std::pair<std::string, fs::path>> named{{"--out", o.out}};
-  if (!o.eval_out.empty()) named.emplace_back("--eval-out", o.eval_out);
-  for (const auto& [key, p] : named) {
-    auto refuse = [&](const std::string& why) {
-      throw usage_error{key + " '" + p.string() + "' " + why};
-    };
-    if (fs::is_directory(p, ec)) refuse("is a directory, expected a file name");
-    if (fs::exists(p, ec) && fs::exists(o.data, ec) && fs::equivalent(p, o.data, ec))
-      refuse("would overwrite the input '" + o.data.string() + "'");
-    fs::path dir = p.parent_path();
-    if (dir.empty()) dir = ".";
-    if (!fs::is_directory(dir, ec))
-      refuse("cannot be written: directory '" + dir.string() + "' does not exist");
-    if (::access(dir.c_str(), W_OK | X_OK) != 0)
-      refuse("cannot be written: '" + dir.string() + "' is not writable");
-    for (const auto& in : input_dirs) {  // the directory or any directory above it
-      if (!fs::is_directory(in, ec)) continue;
-      for (fs::path d = fs::weakly_canonical(dir, ec); !d.empty(); d = d.parent_path()) {
-        if (fs::equivalent(d, in, ec))
-          refuse("is inside the input directory '" + in.string() + "'; refusing to write there");
-        if (d == d.parent_path()) break;
-      }
-    }
-  }
-  if (outputs.size() == 2 &&
-      fs::weakly_canonical(outputs[0], ec) == fs::weakly_canonical(outputs[1], ec))
-    throw usage_error{"--eval-out '" + o.eval_out.string() + "' is also written by --out"};
+  output_paths paths;
+  paths.input(o.tokenizer);
+  if (!o.model.empty()) paths.input(o.model);
+  paths.input_file(o.data);
+  paths.output_file("--out", o.out);
+  if (!o.eval_out.empty()) paths.output_file("--eval-out", o.eval_out);
 }
 
 /// The documents of one row: one (sft), chosen + rejected (dpo), one per completion (grpo).
