@@ -13,6 +13,8 @@
 //         and the i-th rejected document (row-major order): Rc = Rr = P without position_ids.
 // Invariant: every tensor of the file is one the objective reads (an unknown key is an error
 // naming it), every shape is checked before use, and padding labels never count.
+// The readers take any File with safetensors_file's reading members (source, contains, info,
+// read_ints, read<double>): the Python module reads its arrays through them (python/src).
 #pragma once
 
 #include <algorithm>
@@ -33,7 +35,8 @@ struct int_matrix {
   std::vector<std::int64_t> data;  // (rows*cols)
 };
 
-inline int_matrix read_int_matrix(const safetensors_file& f, const std::string& name) {
+template <class File>
+int_matrix read_int_matrix(const File& f, const std::string& name) {
   check(f.contains(name), f.source(), ": the batch has no tensor '", name, "'");
   const auto& info = f.info(name);
   check(info.shape.size() == 2, f.source(), ": tensor '", name, "' has ", info.shape.size(),
@@ -41,8 +44,8 @@ inline int_matrix read_int_matrix(const safetensors_file& f, const std::string& 
   return {info.shape[0], info.shape[1], f.read_ints(name)};
 }
 
-inline std::vector<double> read_floats(const safetensors_file& f, const std::string& name,
-                                       index_t expected) {
+template <class File>
+std::vector<double> read_floats(const File& f, const std::string& name, index_t expected) {
   check(f.contains(name), f.source(), ": the batch has no tensor '", name, "'");
   auto v = f.template read<double>(name);
   check(static_cast<index_t>(v.size()) == expected, f.source(), ": tensor '", name, "' has ",
@@ -51,8 +54,9 @@ inline std::vector<double> read_floats(const safetensors_file& f, const std::str
 }
 
 /// Valid lengths from an attention mask (right padding only) or a lengths tensor.
-inline std::vector<index_t> read_lengths(const safetensors_file& f, const std::string& mask_name,
-                                         const std::string& lengths_name, index_t b, index_t t) {
+template <class File>
+std::vector<index_t> read_lengths(const File& f, const std::string& mask_name,
+                                  const std::string& lengths_name, index_t b, index_t t) {
   std::vector<index_t> lengths;
   if (f.contains(mask_name)) {
     const auto m = read_int_matrix(f, mask_name);
@@ -112,8 +116,9 @@ inline void check_batch_keys(const safetensors_file& f, const std::string& objec
 }
 
 /// Packed positions (B, T) from tensor `name`, or empty when the batch has none.
-inline std::vector<index_t> read_positions(const safetensors_file& f, const std::string& name,
-                                           const std::string& like, index_t b, index_t t) {
+template <class File>
+std::vector<index_t> read_positions(const File& f, const std::string& name, const std::string& like,
+                                    index_t b, index_t t) {
   if (!f.contains(name)) return {};
   const auto m = read_int_matrix(f, name);
   check(m.rows == b && m.cols == t, f.source(), ": ", name, " is (", m.rows, ", ", m.cols,
@@ -180,7 +185,8 @@ struct loaded_batch {
 
 /// Reads the batch of `objective` (sft, grpo, dpo) from `f`: shapes, attention masks (right
 /// padding), position_ids; dpo's chosen rows come first, then the rejected rows.
-inline loaded_batch read_batch(const safetensors_file& f, const std::string& objective) {
+template <class File>
+loaded_batch read_batch(const File& f, const std::string& objective) {
   loaded_batch out;
   if (objective == "dpo") {
     const auto ci = read_int_matrix(f, "chosen_input_ids");
