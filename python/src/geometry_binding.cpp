@@ -77,6 +77,20 @@ struct result : box {
   std::optional<py::array> labels_cache;
 };
 
+/// Calls f(cloud) with the cloud of the view's element type and layout (C-contiguous or not).
+template <class F>
+auto with_cloud(const array_view& v, double scale, F&& f) {
+  const auto n = static_cast<std::size_t>(v.shape[0]);
+  auto of = [&](auto zero) {
+    using T = decltype(zero);
+    const auto size = static_cast<std::int64_t>(sizeof(T));
+    if (v.strides[1] == size && (v.strides[0] == 3 * size || n <= 1))
+      return f(contiguous_cloud<T>(v.data, n, scale));
+    return f(strided_cloud<T>(v.data, n, v.strides[0], v.strides[1], scale));
+  };
+  return v.type == element::f32 ? of(float{}) : of(double{});
+}
+
 /// The input as a checked (N, 3) float32 / float64 view: shape, dtype and finite coordinates,
 /// before any work.
 array_view cloud_view(py::handle points) {
@@ -85,21 +99,20 @@ array_view cloud_view(py::handle points) {
         ", expected (N, 3)");
   check(v.type == element::f32 || v.type == element::f64, "points has dtype ", v.type_name,
         ", expected float32 or float64");
-  for (std::int64_t i = 0; i < v.shape[0]; ++i)
-    for (std::int64_t d = 0; d < 3; ++d) {
-      const double x = v.get<double>(i * v.strides[0] + d * v.strides[1]);
-      check(std::isfinite(x), "points[", i, ", ", d, "] is ", x, ", expected finite coordinates");
-    }
+  with_cloud(v, 1.0, [&](const auto& cloud) {
+    const std::size_t n = cloud.kdtree_get_point_count();
+    bool finite = true;  // one branch-free pass; the first bad coordinate is found after it
+    for (std::size_t i = 0; i < n; ++i)
+      finite &= std::isfinite(cloud.kdtree_get_pt(i, 0) + cloud.kdtree_get_pt(i, 1) +
+                              cloud.kdtree_get_pt(i, 2));
+    for (std::size_t i = 0; !finite && i < n; ++i)
+      for (std::size_t d = 0; d < 3; ++d) {
+        const double x = cloud.kdtree_get_pt(i, d);
+        check(std::isfinite(x), "points[", i, ", ", d, "] is ", x, ", expected finite coordinates");
+      }
+    return 0;
+  });
   return v;
-}
-
-/// Calls f(cloud) with the strided cloud of the view's element type.
-template <class F>
-auto with_cloud(const array_view& v, double scale, F&& f) {
-  const auto n = static_cast<std::size_t>(v.shape[0]);
-  if (v.type == element::f32)
-    return f(strided_cloud<float>(v.data, n, v.strides[0], v.strides[1], scale));
-  return f(strided_cloud<double>(v.data, n, v.strides[0], v.strides[1], scale));
 }
 
 double unit_scale(const std::string& unit) {
