@@ -3,12 +3,14 @@
     PYTHONPATH=build/dev/python:build/dev/bench/python /usr/bin/python3 \
         bench/python/measure_overhead.py [--runs 10] [--points 1000000] [--method mebb]
 
-Both sides measure the same array in one process, paired and interleaved (the order alternates
-from pair to pair): the C++ side is geometry::measure on the array's memory through the Eigen
+Both sides measure the same array in one process, interleaved (the order rotates from round to
+round): the C++ side is geometry::measure on the array's memory through the Eigen
 adaptor, timed in C++ around the call (_tightfit_bench.measure_seconds); the Python side is
-time.perf_counter() around tightfit.measure(points), which checks the array, reads it in place
-through its strided view and builds the result object. Prints each pair and the median ratio
-Python / C++ for a float64 and a float32 array (the results must be identical).
+timed around tightfit.measure(points), which checks the array, reads it in place and builds the
+result object. Both are timed in wall-clock seconds and in the process's CPU seconds (every
+thread; steadier on a loaded machine). A third call, the C++ measure() through the module's own
+adaptor (contiguous_cloud), tells the adaptor's share. Prints each round and the median ratios
+for a float64 and a float32 array (the results must be identical).
 """
 import argparse
 import statistics
@@ -45,24 +47,32 @@ def scan(n, seed=1):
     return p
 
 
+def python_call(points, method):
+    start, cpu = time.perf_counter(), time.process_time()
+    r = tightfit.measure(points, method=method)
+    return time.perf_counter() - start, time.process_time() - cpu, r
+
+
 def pairs(points, runs, method):
-    ratios = []
+    """Ratios over `runs` interleaved rounds (the order rotates): {"wall": [...], "CPU": [...],
+    "adaptor CPU": [...]}, Python / C++ and the module's adaptor in C++ / C++."""
+    calls = [lambda: _tightfit_bench.measure_seconds(points, method),
+             lambda: python_call(points, method),
+             lambda: _tightfit_bench.measure_seconds_module_cloud(points, method)]
+    out = {"wall": [], "CPU": [], "adaptor CPU": []}
     for i in range(runs):
-        if i % 2 == 0:
-            cpp, dims = _tightfit_bench.measure_seconds(points, method)
-            start = time.perf_counter()
-            r = tightfit.measure(points, method=method)
-            py = time.perf_counter() - start
-        else:
-            start = time.perf_counter()
-            r = tightfit.measure(points, method=method)
-            py = time.perf_counter() - start
-            cpp, dims = _tightfit_bench.measure_seconds(points, method)
-        assert list(r.dims) == list(dims), (r.dims, dims)
-        ratios.append(py / cpp)
-        print(f"  pair {i}: C++ {cpp * 1e3:8.1f} ms   Python {py * 1e3:8.1f} ms   "
-              f"ratio {py / cpp:.4f}")
-    return ratios
+        got = [None] * 3
+        for k in range(3):
+            got[(i + k) % 3] = calls[(i + k) % 3]()
+        (c_wall, c_cpu, dims), (p_wall, p_cpu, r), (_, a_cpu, a_dims) = got
+        assert list(r.dims) == list(dims) == list(a_dims), (r.dims, dims, a_dims)
+        out["wall"].append(p_wall / c_wall)
+        out["CPU"].append(p_cpu / c_cpu)
+        out["adaptor CPU"].append(a_cpu / c_cpu)
+        print(f"  round {i:2d}: C++ {c_wall * 1e3:7.1f} ms ({c_cpu * 1e3:7.1f} ms CPU)   Python "
+              f"{p_wall * 1e3:7.1f} ms ({p_cpu * 1e3:7.1f} ms CPU)   C++ through the module's "
+              f"adaptor {a_cpu * 1e3:7.1f} ms CPU")
+    return out
 
 
 def main():
@@ -76,9 +86,11 @@ def main():
         points = np.ascontiguousarray(cloud, dtype=dtype)
         print(f"{a.points} points, {np.dtype(dtype).name}, method {a.method}, {a.runs} pairs")
         tightfit.measure(points, method=a.method)  # warm-up (page faults, thread pool)
-        ratios = pairs(points, a.runs, a.method)
-        print(f"  median ratio Python / C++: {statistics.median(ratios):.4f} "
-              f"(min {min(ratios):.4f}, max {max(ratios):.4f})")
+        labels = {"wall": "Python / C++, wall", "CPU": "Python / C++, CPU",
+                  "adaptor CPU": "C++ through the module's adaptor / C++, CPU"}
+        for name, ratios in pairs(points, a.runs, a.method).items():
+            print(f"  median ratio {labels[name]}: {statistics.median(ratios):.4f} "
+                  f"(min {min(ratios):.4f}, max {max(ratios):.4f})")
 
 
 if __name__ == "__main__":

@@ -102,9 +102,16 @@ array_view cloud_view(py::handle points) {
   with_cloud(v, 1.0, [&](const auto& cloud) {
     const std::size_t n = cloud.kdtree_get_point_count();
     bool finite = true;  // one branch-free pass; the first bad coordinate is found after it
-    for (std::size_t i = 0; i < n; ++i)
-      finite &= std::isfinite(cloud.kdtree_get_pt(i, 0) + cloud.kdtree_get_pt(i, 1) +
-                              cloud.kdtree_get_pt(i, 2));
+    if constexpr (requires { cloud.coordinates(); }) {
+      if (const auto* x = cloud.coordinates())  // aligned and contiguous: a vectorised pass
+        for (std::size_t i = 0; i < 3 * n; ++i) finite &= std::isfinite(x[i]);
+      else
+        finite = false;  // checked one by one below
+    } else {
+      for (std::size_t i = 0; i < n; ++i)
+        finite &= std::isfinite(cloud.kdtree_get_pt(i, 0) + cloud.kdtree_get_pt(i, 1) +
+                                cloud.kdtree_get_pt(i, 2));
+    }
     for (std::size_t i = 0; !finite && i < n; ++i)
       for (std::size_t d = 0; d < 3; ++d) {
         const double x = cloud.kdtree_get_pt(i, d);

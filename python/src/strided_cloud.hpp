@@ -51,6 +51,11 @@ class contiguous_cloud {
     std::memcpy(&x, data_ + (3 * i + d) * sizeof(T), sizeof x);
     return static_cast<double>(x) * scale_;
   }
+  /// The 3 N coordinates as T, or null when the memory is not aligned for T.
+  const T* coordinates() const {
+    if (reinterpret_cast<std::uintptr_t>(data_) % alignof(T) != 0) return nullptr;
+    return reinterpret_cast<const T*>(data_);
+  }
 
  private:
   const unsigned char* data_;
