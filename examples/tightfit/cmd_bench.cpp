@@ -7,6 +7,7 @@
 // activation bytes, the loss; --dtype f32|bf16. --compare and --single are CPU-only (exit 2).
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -14,6 +15,7 @@
 
 #include "commands.hpp"
 #include "device_cuda.hpp"
+#include "output_paths.hpp"
 #include "stream/stream_bench.hpp"
 
 namespace tightfit::cli {
@@ -94,8 +96,10 @@ int cuda_stream_bench(const bench::bench_options& o, cuda_dtype dtype) {
       }
     }
   }
-  if (csv != nullptr) {
-    std::fclose(csv);
+  if (csv != nullptr) {  // a full disk or /dev/full: the rows were not written (exit 1)
+    const bool failed = std::ferror(csv) != 0;
+    check(std::fclose(csv) == 0 && !failed, "bench stream: cannot write ", o.csv, ": ",
+          std::strerror(errno));
     std::printf("wrote %s\n", o.csv.c_str());
   }
   return 0;
@@ -165,6 +169,17 @@ int bench(int argc, char** argv) {
                  "tightfit bench: --dtype bf16 needs --device cuda (the CPU bench is float)\n");
     return 2;
   }
+  // --csv: the tool's rule for outputs (output_paths.hpp), before anything runs
+  for (std::size_t i = 1; i + 1 < rest.size(); ++i)
+    if (std::strcmp(rest[i], "--csv") == 0) {
+      try {
+        output_paths paths;
+        paths.output_file("--csv", rest[i + 1]);
+      } catch (const usage_error& e) {
+        std::fprintf(stderr, "tightfit bench: %s\n", e.message.c_str());
+        return 2;
+      }
+    }
   if (device == "cpu")
     return bench::stream_bench_main(
         static_cast<int>(rest.size()), rest.data(),
