@@ -53,7 +53,7 @@ def python_call(points, method):
     return time.perf_counter() - start, time.process_time() - cpu, r
 
 
-def pairs(points, runs, method):
+def rounds(points, runs, method):
     """Ratios over `runs` interleaved rounds (the order rotates): {"wall": [...], "CPU": [...],
     "adaptor CPU": [...]}, Python / C++ and the module's adaptor in C++ / C++."""
     calls = [lambda: _tightfit_bench.measure_seconds(points, method),
@@ -84,11 +84,11 @@ def main():
     cloud = scan(a.points)
     for dtype in (np.float64, np.float32):
         points = np.ascontiguousarray(cloud, dtype=dtype)
-        print(f"{a.points} points, {np.dtype(dtype).name}, method {a.method}, {a.runs} pairs")
+        print(f"{a.points} points, {np.dtype(dtype).name}, method {a.method}, {a.runs} rounds")
         tightfit.measure(points, method=a.method)  # warm-up (page faults, thread pool)
         labels = {"wall": "Python / C++, wall", "CPU": "Python / C++, CPU",
                   "adaptor CPU": "C++ through the module's adaptor / C++, CPU"}
-        for name, ratios in pairs(points, a.runs, a.method).items():
+        for name, ratios in rounds(points, a.runs, a.method).items():
             print(f"  median ratio {labels[name]}: {statistics.median(ratios):.4f} "
                   f"(min {min(ratios):.4f}, max {max(ratios):.4f})")
 

@@ -256,7 +256,8 @@ class model_impl final : public model_base {
       r.opt.chunk = plan.chunk;
       if (r.opt.sched != backward_schedule::full) r.opt.keep_every = plan.keep_every;
     }
-    cli::check_activations_fit<T>("batch", false, cfg, b, t, r.opt);
+    cli::check_activations_fit<T>("batch", false, cfg, b, t, r.opt,
+                                  cli::batch_host_bytes_per_token);
     r.opt.between_layers = check_signals;
     auto& params = model_.parameters();
     params.zero_grads();
@@ -299,7 +300,8 @@ class model_impl final : public model_base {
     backward_options bo;  // the backward's bound is an upper bound of the forward's
     bo.sched = backward_schedule::stream;
     bo.chunk = r.opt.chunk;
-    cli::check_activations_fit<T>("batch", false, model_.config(), lb.b, lb.t, bo);
+    cli::check_activations_fit<T>("batch", false, model_.config(), lb.b, lb.t, bo,
+                                  cli::batch_host_bytes_per_token);
     forward_options fo = r.opt;
     fo.between_layers = check_signals;
     std::vector<double> lp = r.sums ? sequence_logprob_sums(model_, lb.view(), fo)
@@ -383,6 +385,8 @@ grad_request make_grad_request(const std::string& objective, const py::dict& arr
   if (objective == "grpo") {
     r.grpo.beta = o.real("beta", 0.0, 0, 1e6);
     r.grpo.epsilon_low = o.real("epsilon_low", 0.2, 0, 1e6);
+    check(r.grpo.epsilon_low < 1, "epsilon_low is ", shown(r.grpo.epsilon_low),
+          ", expected in [0, 1) (the ratio's lower clip is 1 - epsilon_low)");
     r.grpo.epsilon_high = o.real("epsilon_high", r.grpo.epsilon_low, 0, 1e6);
     r.grpo.aggregation = parse_grpo_aggregation(o.text("loss_type", "grpo"));
     r.grpo.max_completion_length = o.integer("max_completion_length", 0, 0, max_count);
@@ -396,6 +400,7 @@ grad_request make_grad_request(const std::string& objective, const py::dict& arr
       check(id >= 0 && id < (token_id{1} << 31), "eos_token_id ", id, " is outside [0, 2^31)");
   } else if (objective == "dpo") {
     r.dpo.beta = o.real("beta", 0.1, 0, 1e6);
+    check(r.dpo.beta > 0, "beta is ", shown(r.dpo.beta), ", expected > 0 for objective='dpo'");
     r.dpo.label_smoothing = o.real("label_smoothing", 0.0, 0, 0.5);
     r.dpo.rpo_alpha = o.real("rpo_alpha", 0.0, 0, 1e6);
     r.dpo.simpo_gamma = o.real("simpo_gamma", 0.5, -1e6, 1e6);
@@ -485,15 +490,13 @@ py::dict plan(py::object model, const std::string& preset, py::dict options) {
   check(dtype == "float32" || dtype == "float64", "dtype is '", dtype,
         "', expected 'float32' or 'float64'");
   o.finish("plan");
-  // the dry runs hold host_bytes_per_token per token of the largest batch they try
-  const std::uint64_t limit = memory_limit_bytes();
-  for (index_t t : {seq, max_seq}) {
-    const auto need =
-        checked_product({static_cast<std::uint64_t>(t), static_cast<std::uint64_t>(batch),
-                         cli::host_bytes_per_token});
-    check(need && *need <= limit, "seq ", t, " x batch ", batch, ": the planner's dry run holds ",
-          cli::host_bytes_per_token, " bytes per token, more than the ", byte_string(limit),
-          " this process may use");
+  // the planner prices B x T tokens by a closed form: the count must stay an index (2^62)
+  for (const auto& [key, t] : {std::pair<const char*, index_t>{"seq", seq},
+                               std::pair<const char*, index_t>{"max_seq", max_seq}}) {
+    const auto tokens =
+        checked_product({static_cast<std::uint64_t>(t), static_cast<std::uint64_t>(batch)});
+    check(tokens && *tokens <= static_cast<std::uint64_t>(big), key, " ", t, " x batch ", batch,
+          " is more than 2^62 tokens");
   }
   check(model.is_none() != preset.empty(), "give exactly one of model and preset");
   model_config cfg;

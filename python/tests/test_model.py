@@ -186,6 +186,14 @@ def test_plan_equals_the_tool(model, model_dir):
     assert "qwen3-4b" in tightfit.presets()
 
 
+def test_plan_refuses_more_than_2_62_tokens():
+    # the tool's `plan` refuses the same (its closed form prices B x T tokens as an index)
+    with pytest.raises(ValueError, match=r"seq 4611686018427387904 x batch 2 is more than 2\^62"):
+        tightfit.plan(preset="qwen3-4b", seq=1 << 62, batch=2, budget="60G")
+    with pytest.raises(ValueError, match=r"max_seq 4194304 x batch 2199023255552 is more than 2\^62"):
+        tightfit.plan(preset="qwen3-4b", seq=1, batch=1 << 41, budget="60G")
+
+
 @pytest.mark.parametrize("change, message", [
     (dict(input_ids=np.full((B, T), 99)), r"input_ids\[0\]\[0\] is 99, outside the vocabulary"),
     (dict(input_ids=np.zeros((B, T)) + 0.5), "input_ids has dtype float64, expected integers"),
@@ -201,6 +209,8 @@ def test_plan_equals_the_tool(model, model_dir):
     (dict(budget="4G"), "budget applies to chunk='auto' only"),
     (dict(temperature=0.0), r"temperature is 0, outside \[1e-06, "),
     (dict(beta=0.1), "beta is not an option of objective='sft'"),
+    (dict(objective="grpo", epsilon_low=1.0), r"epsilon_low is 1, expected in \[0, 1\)"),
+    (dict(objective="dpo", beta=0.0), "beta is 0, expected > 0 for objective='dpo'"),
     (dict(temprature=1.0), "temprature is not an option of objective='sft'"),
 ])
 def test_bad_input_is_refused(model, batch, change, message):
