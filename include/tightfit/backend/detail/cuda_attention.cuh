@@ -359,10 +359,11 @@ __global__ void __launch_bounds__(attn_threads)
   }
 }
 
-/// merge_attention_blocks (backend/concept.hpp) on the device: one thread per (row, head).
-template <class S>
-__global__ void attn_merge_kernel(index_t n, index_t heads, index_t hd, S* o, index_t os, S* lse,
-                                  index_t ls, const S* ob, index_t obs, const S* lb, index_t lbs) {
+/// merge_attention_blocks (backend/concept.hpp) on the device: one thread per (row, head); lse
+/// of type L (S or float).
+template <class S, class L>
+__global__ void attn_merge_kernel(index_t n, index_t heads, index_t hd, S* o, index_t os, L* lse,
+                                  index_t ls, const S* ob, index_t obs, const L* lb, index_t lbs) {
   const index_t e = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= n * heads) return;
   const index_t i = e / heads, h = e % heads;
@@ -377,7 +378,7 @@ __global__ void attn_merge_kernel(index_t n, index_t heads, index_t hd, S* o, in
   }
   const float m = fmaxf(l, b), ea = expf(l - m), eb = expf(b - m), sum = ea + eb;
   for (index_t c = 0; c < hd; ++c) oi[c] = cvt<S>((ea * ld(oi + c) + eb * ld(bi + c)) / sum);
-  lse[i * ls + h] = cvt<S>(m + logf(sum));
+  lse[i * ls + h] = cvt<L>(m + logf(sum));
 }
 
 /// Shared-memory bytes of each kernel for head_dim hd.
