@@ -7,9 +7,9 @@
 // (storage_t = __nv_bfloat16, accum_t = float). Kernels follow reference_backend's contract
 // (docs/concepts.md) and check shapes with the reference backend's checks
 // (detail/reference_checks.hpp), so both reject the same input with the same message, before
-// any CUDA call. Status: compiled and tested on the host side only (shape checks, concepts);
-// the device tests (tests/cuda, label gpu) and scripts/gpu-check have not run on a GPU yet
-// (docs/cuda.md).
+// any CUDA call. Status: ran on one H200 once (issue #30, before the tensor-core attention and
+// the fp32 statistics); the tensor-core attention (detail/cuda_attention_mma.cuh) is compiled
+// and tested on the host side only, not run on a GPU (docs/cuda.md, scripts/gpu-check).
 //
 // Invariants:
 //  - every kernel runs on the backend's own stream; host spans (token ids, labels) are copied to
@@ -18,16 +18,20 @@
 //    copies run on a second stream after the kernels queued before them; wait_copies() makes
 //    the compute stream wait for them and the host for the copy stream;
 //  - device memory: cudaMallocAsync on that stream, counted in memory() (scratch included:
-//    the bf16 attention backward's fp32 lse, D = rowsum(dO*O), RMSNorm dw partials, ids);
+//    a recomputed fp32 lse, D = rowsum(dO*O), the tensor-core backward's fp32 dQ scratch,
+//    RMSNorm dw partials, ids);
 //    buffers must not outlive the backend;
 //  - nothing touches the device before the first kernel / allocation that needs it (a backend
 //    is constructible without a GPU);
 //  - deterministic mode: every kernel's result is bit-identical run to run (the only
-//    non-deterministic path otherwise is attention's dQ by atomicAdd for float storage);
-//  - bf16: the attention backward recomputes an fp32 lse (a bf16 lse of magnitude ~10 is off by
-//    up to 0.03, which would scale P by 3 %); rstd, lse and logprob outputs are stored in
-//    storage_t as the concept asks. adam_update has a mixed-precision overload with fp32 master
-//    weights and moments that also writes the bf16 copy.
+//    non-deterministic path otherwise is attention's dQ by atomicAdd: float storage on the
+//    CUDA cores, bf16 on the tensor cores);
+//  - bf16: the statistics (rstd, attention and cross-entropy lse, log-probs, coefficients) are
+//    fp32 (accum_t), as the concept asks; a kernel also takes them in storage_t, and the
+//    attention backward recomputes an fp32 lse from a bf16 one (a bf16 lse of magnitude ~10 is
+//    off by up to 0.03, which would scale P by 3 %). fill and copy take float views too.
+//    adam_update has a mixed-precision overload with fp32 master weights and moments that also
+//    writes the bf16 copy.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -63,12 +67,12 @@
 
 namespace tightfit {
 
-/// Options of a cuda_backend.
 /// Which kernels run attention: automatic (the tensor-core kernels wherever they apply: bf16
 /// storage, head_dim 64 or 128, sm_80+, 16-byte aligned rows; the CUDA-core kernels otherwise),
 /// or one forced. Forcing tensor_cores on a call they cannot run throws.
 enum class attention_engine { automatic, tensor_cores, cuda_cores };
 
+/// Options of a cuda_backend.
 struct cuda_backend_options {
   int device = 0;              ///< CUDA device ordinal
   bool tf32 = false;           ///< float storage: GEMMs in TF32 (CUBLAS_COMPUTE_32F_FAST_TF32)
@@ -123,6 +127,11 @@ requires(std::is_same_v<Storage, float> ||
   void synchronize() { ctx_.synchronize(); }
   /// Number of CUDA devices (0 without a driver or a device; never throws).
   static int device_count() { return detail::cuda_device_count(); }
+
+  /// The element types a statistic (rstd, lse, log-prob, coefficient) may have: float, the
+  /// concept's accum_t (fp32 statistics of bf16 storage), or storage_t (the same for float).
+  template <class U>
+  static constexpr bool stat_type = std::is_same_v<U, S> || std::is_same_v<U, float>;
 
   // ---- storage ------------------------------------------------------------------------------
 
@@ -216,16 +225,18 @@ requires(std::is_same_v<Storage, float> ||
     detail::check_layout("scale", "x", x);
     dense(detail::cuda_k::dense_op::scale, alpha, nullptr, 0, x);
   }
-  /// x = value.
-  void fill(matrix_view<S> x, F value) {
+  /// x = value (storage_t, or float: the statistics).
+  template <class U>
+  requires(stat_type<U>) void fill(matrix_view<U> x, F value) {
     detail::check_layout("fill", "x", x);
-    dense(detail::cuda_k::dense_op::fill, value, nullptr, 0, x);
+    dense<U>(detail::cuda_k::dense_op::fill, value, nullptr, 0, x);
   }
-  /// y = x.
-  void copy(matrix_view<const S> x, matrix_view<S> y) {
+  /// y = x (storage_t, or float: the statistics).
+  template <class U>
+  requires(stat_type<U>) void copy(std::type_identity_t<matrix_view<const U>> x, matrix_view<U> y) {
     detail::check_layout("copy", "x", x);
     detail::check_like("copy", "y", y, "x", x.rows, x.cols);
-    dense(detail::cuda_k::dense_op::copy, 0.f, x.data, x.stride, y);
+    dense<U>(detail::cuda_k::dense_op::copy, 0.f, x.data, x.stride, y);
   }
 
   // ---- token embedding ----------------------------------------------------------------------
@@ -274,23 +285,30 @@ requires(std::is_same_v<Storage, float> ||
 
   // ---- RMSNorm ------------------------------------------------------------------------------
 
-  void rmsnorm_forward(matrix_view<const S> x, std::span<const S> w, F eps, matrix_view<S> y,
-                       std::span<S> rstd) {
-    detail::check_rmsnorm_forward(cv(x), cs(w), eps, mv(y), ms(rstd));
+  /// rstd: float (fp32 statistics), or storage_t.
+  template <class R>
+  requires(stat_type<R>) void rmsnorm_forward(matrix_view<const S> x, std::span<const S> w, F eps,
+                                              matrix_view<S> y, std::span<R> rstd) {
+    detail::check_rmsnorm_forward(cv(x), cs(w), eps, mv(y), detail::retype<F>(rstd));
     if (x.rows == 0) return;
     ctx_.ensure();
-    detail::cuda_k::rmsnorm_forward_kernel<S>
+    detail::cuda_k::rmsnorm_forward_kernel<S, R>
         <<<grid(x.rows), row_threads(x.cols), 0, ctx_.stream()>>>(
             x.data, x.stride, w.data(), eps, y.data, y.stride, rstd.data(), x.cols);
     launched("rmsnorm_forward");
   }
 
-  void rmsnorm_backward(matrix_view<const S> x, std::span<const S> w, std::span<const S> rstd,
-                        matrix_view<const S> dy, matrix_view<S> dx, std::span<S> dw) {
-    detail::check_rmsnorm_backward(cv(x), cs(w), cs(rstd), cv(dy), mv(dx), ms(dw));
+  template <class RV>
+  requires(stat_type<std::remove_const_t<RV>>) void rmsnorm_backward(
+      matrix_view<const S> x, std::span<const S> w, std::span<RV> rstd_in, matrix_view<const S> dy,
+      matrix_view<S> dx, std::span<S> dw) {
+    using R = std::remove_const_t<RV>;
+    const std::span<const R> rstd = rstd_in;
+    detail::check_rmsnorm_backward(cv(x), cs(w), detail::retype<const F>(rstd), cv(dy), mv(dx),
+                                   ms(dw));
     if (x.rows == 0 || x.cols == 0) return;
     ctx_.ensure();
-    detail::cuda_k::rmsnorm_backward_dx_kernel<S>
+    detail::cuda_k::rmsnorm_backward_dx_kernel<S, R>
         <<<grid(x.rows), row_threads(x.cols), 0, ctx_.stream()>>>(x.data, x.stride, w.data(),
                                                                   rstd.data(), dy.data, dy.stride,
                                                                   dx.data, dx.stride, x.cols);
@@ -300,7 +318,7 @@ requires(std::is_same_v<Storage, float> ||
     const index_t chunks = (x.rows + rows_per_chunk - 1) / rows_per_chunk;
     auto partial = allocate<float>(chunks * x.cols);  // (chunks, d)
     const dim3 g(static_cast<unsigned>((x.cols + 255) / 256), static_cast<unsigned>(chunks));
-    detail::cuda_k::rmsnorm_dw_partial_kernel<S>
+    detail::cuda_k::rmsnorm_dw_partial_kernel<S, R>
         <<<g, 256, 0, ctx_.stream()>>>(x.data, x.stride, rstd.data(), dy.data, dy.stride,
                                        partial.data(), x.rows, x.cols, rows_per_chunk);
     launched("rmsnorm_backward (dw partials)");
@@ -389,9 +407,6 @@ requires(std::is_same_v<Storage, float> ||
   }
 
   // ---- attention ----------------------------------------------------------------------------
-  /// The element types an lse may have: storage_t, or float (fp32 statistics).
-  template <class L>
-  static constexpr bool lse_type = std::is_same_v<L, S> || std::is_same_v<L, float>;
   // bf16 storage, head_dim 64 or 128, sm_80+ and 16-byte aligned rows: the tensor-core kernels
   // (detail/cuda_attention_mma.cuh); otherwise, or with attention_engine::cuda_cores, the
   // CUDA-core kernels (detail/cuda_attention.cuh). lse is storage_t or float (L): the backward
@@ -399,10 +414,10 @@ requires(std::is_same_v<Storage, float> ||
 
   /// Causal GQA flash attention forward (contract: reference_backend::attention_forward).
   template <class L>
-  requires(lse_type<L>) void attention_forward(const attention_shape& shape, matrix_view<const S> q,
-                                               matrix_view<const S> k, matrix_view<const S> v,
-                                               const attention_mask& mask, F scale,
-                                               matrix_view<S> o, matrix_view<L> lse) {
+  requires(stat_type<L>) void attention_forward(const attention_shape& shape,
+                                                matrix_view<const S> q, matrix_view<const S> k,
+                                                matrix_view<const S> v, const attention_mask& mask,
+                                                F scale, matrix_view<S> o, matrix_view<L> lse) {
     detail::check_attention_forward(shape, cv(q), cv(k), cv(v), mask, scale, mv(o),
                                     detail::retype<F>(lse));
     ++stats_.attention_forward_calls;
@@ -428,7 +443,7 @@ requires(std::is_same_v<Storage, float> ||
 
   /// Exact gradient of attention_forward (contract: reference_backend::attention_backward).
   template <class LV>
-  requires(lse_type<std::remove_const_t<LV>>) void attention_backward(
+  requires(stat_type<std::remove_const_t<LV>>) void attention_backward(
       const attention_shape& shape, matrix_view<const S> q, matrix_view<const S> k,
       matrix_view<const S> v, matrix_view<const S> o, matrix_view<const S> dout,
       matrix_view<LV> lse_view, const attention_mask& mask, F scale, matrix_view<S> dq,
@@ -529,7 +544,7 @@ requires(std::is_same_v<Storage, float> ||
 
   /// merge_attention_blocks (backend/concept.hpp) on the device.
   template <class L, class LB>
-  requires(lse_type<L>&& std::is_same_v<std::remove_const_t<LB>, L>) void attention_merge(
+  requires(stat_type<L>&& std::is_same_v<std::remove_const_t<LB>, L>) void attention_merge(
       index_t heads, index_t hd, matrix_view<S> o, matrix_view<L> lse, matrix_view<const S> o_b,
       matrix_view<LB> lse_b) {
     if (o.rows == 0) return;
@@ -544,24 +559,37 @@ requires(std::is_same_v<Storage, float> ||
   // ---- cross-entropy ------------------------------------------------------------------------
 
   /// lse_i = log sum_v exp(logits_iv / tau); logprob_i = logits_i[y_i] / tau - lse_i (0 when
-  /// y_i == ignore_index). Labels on the host; lse, logprob in device memory.
-  void xent_forward(matrix_view<const S> logits, std::span<const token_id> labels, F tau,
-                    std::span<S> lse, std::span<S> logprob) {
-    detail::check_xent_forward(cv(logits), labels, tau, ms(lse), ms(logprob));
+  /// y_i == ignore_index). Labels on the host; lse, logprob in device memory, float (fp32
+  /// statistics) or storage_t.
+  template <class R>
+  requires(stat_type<R>) void xent_forward(matrix_view<const S> logits,
+                                           std::span<const token_id> labels, F tau,
+                                           std::span<R> lse, std::span<R> logprob) {
+    detail::check_xent_forward(cv(logits), labels, tau, detail::retype<F>(lse),
+                               detail::retype<F>(logprob));
     if (logits.rows == 0) return;
     auto dl = to_device(labels);
-    detail::cuda_k::xent_forward_kernel<S><<<grid(logits.rows), 512, 0, ctx_.stream()>>>(
+    detail::cuda_k::xent_forward_kernel<S, R><<<grid(logits.rows), 512, 0, ctx_.stream()>>>(
         logits.data, logits.stride, dl.data(), tau, lse.data(), logprob.data(), logits.cols);
     launched("xent_forward");
   }
 
-  /// In place: logits <- coeff_i (onehot(y_i) - softmax(logits_i / tau)) / tau.
-  void xent_backward(matrix_view<S> logits, std::span<const token_id> labels,
-                     std::span<const S> lse, std::span<const S> coeff, F tau) {
-    detail::check_xent_backward(mv(logits), labels, cs(lse), cs(coeff), tau);
+  /// In place: logits <- coeff_i (onehot(y_i) - softmax(logits_i / tau)) / tau; lse and coeff
+  /// float or storage_t (one type).
+  template <class RV, class CV>
+  requires(stat_type<std::remove_const_t<RV>>&& std::is_same_v<
+           std::remove_const_t<RV>,
+           std::remove_const_t<CV>>) void xent_backward(matrix_view<S> logits,
+                                                        std::span<const token_id> labels,
+                                                        std::span<RV> lse_in,
+                                                        std::span<CV> coeff_in, F tau) {
+    using R = std::remove_const_t<RV>;
+    const std::span<const R> lse = lse_in, coeff = coeff_in;
+    detail::check_xent_backward(mv(logits), labels, detail::retype<const F>(lse),
+                                detail::retype<const F>(coeff), tau);
     if (logits.rows == 0) return;
     auto dl = to_device(labels);
-    detail::cuda_k::xent_backward_kernel<S><<<grid(logits.rows), 512, 0, ctx_.stream()>>>(
+    detail::cuda_k::xent_backward_kernel<S, R><<<grid(logits.rows), 512, 0, ctx_.stream()>>>(
         logits.data, logits.stride, dl.data(), lse.data(), coeff.data(), tau, logits.cols);
     launched("xent_backward");
   }
@@ -772,10 +800,12 @@ requires(std::is_same_v<Storage, float> ||
     return buf;
   }
 
-  void dense(detail::cuda_k::dense_op op, F alpha, const S* x, index_t xs, matrix_view<S> y) {
+  template <class U = S>
+  void dense(detail::cuda_k::dense_op op, F alpha, std::type_identity_t<const U*> x, index_t xs,
+             matrix_view<U> y) {
     if (y.empty()) return;
     ctx_.ensure();
-    detail::cuda_k::dense_kernel<S><<<elementwise_grid(y.size()), 256, 0, ctx_.stream()>>>(
+    detail::cuda_k::dense_kernel<U><<<elementwise_grid(y.size()), 256, 0, ctx_.stream()>>>(
         op, alpha, x, xs, y.data, y.stride, y.rows, y.cols);
     launched("dense kernel");
   }
