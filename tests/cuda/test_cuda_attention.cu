@@ -364,6 +364,9 @@ TEST_SUITE("gpu") {
       attn_io cc_out;
       for (const auto& eng : engines) {
         CAPTURE(eng.name);
+        // a crash (a kernel fault ends the process) leaves this line as the last one printed
+        std::printf("attention-check start %s | %s\n", c.name.c_str(), eng.name);
+        std::fflush(stdout);
         cuda_backend<bf16> cb(cuda_backend_options{0, false, eng.det, eng.e});
         const auto got = run_device(c, in, cb);
         const double err = compare_all(c.name + " | " + eng.name, c, got, want);

@@ -228,6 +228,46 @@ __device__ __forceinline__ bool tile_full(index_t j0, index_t lo_max, index_t hi
   return j0 >= lo_max && j0 + bc - 1 <= hi_min;
 }
 
+/// c (16, 8 N) = A B^T over k in [0, HD) on the warp: A rows [ar, ar + 16) of a row-major
+/// tile, B rows [bn, bn + 8 N) of a tile stored (n, k); both with row stride ld.
+template <int HD, int N>
+__device__ __forceinline__ void warp_abt(float (&c)[N][4], const bf16* a, int ar, const bf16* b,
+                                         int bn, int ld, int lane) {
+#pragma unroll
+  for (auto& x : c) x[0] = x[1] = x[2] = x[3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) {
+    std::uint32_t fa[4];
+    ld_a(fa, a, ld, ar, kk * 16, lane);
+#pragma unroll
+    for (int nb = 0; nb < N / 2; ++nb) {
+      std::uint32_t fb[4];
+      ld_b_nk(fb, b, ld, bn + nb * 16, kk * 16, lane);
+      mma16816(c[2 * nb], fa, fb[0], fb[1]);
+      mma16816(c[2 * nb + 1], fa, fb[2], fb[3]);
+    }
+  }
+}
+
+/// acc (16, HD) += P B on the warp: P (16, 8 N) the C fragments of an earlier product (as bf16
+/// A fragments), B rows [bk, bk + 8 N) of a tile stored (k, n) with row stride ld (.trans).
+template <int HD, int N>
+__device__ __forceinline__ void warp_pb(float (&acc)[HD / 8][4], const float (&p)[N][4],
+                                        const bf16* b, int bk, int ld, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < N / 2; ++kk) {
+    std::uint32_t pa[4];
+    c_to_a(pa, p, kk);
+#pragma unroll
+    for (int db = 0; db < HD / 16; ++db) {
+      std::uint32_t fb[4];
+      ld_b_kn(fb, b, ld, db * 16, bk + kk * 16, lane);
+      mma16816(acc[2 * db], pa, fb[0], fb[1]);
+      mma16816(acc[2 * db + 1], pa, fb[2], fb[3]);
+    }
+  }
+}
+
 // ---- forward ---------------------------------------------------------------------------------
 
 /// Shared bytes of the forward: Q (BR, HD+pad) and two stages of K and V (BC, HD+pad).
@@ -334,18 +374,7 @@ __global__ void __launch_bounds__(threads)
           c[2 * r + 1] *= alpha;
         }
     }
-#pragma unroll
-    for (int kk = 0; kk < (LseOnly ? 0 : bc / 16); ++kk) {  // O += P V
-      std::uint32_t pa[4];
-      c_to_a(pa, s, kk);
-#pragma unroll
-      for (int db = 0; db < HD / 16; ++db) {
-        std::uint32_t b[4];
-        ld_b_kn(b, vs_, ld, db * 16, kk * 16, lane);
-        mma16816(acc[2 * db], pa, b[0], b[1]);
-        mma16816(acc[2 * db + 1], pa, b[2], b[3]);
-      }
-    }
+    if (!LseOnly) warp_pb<HD>(acc, s, vs_, 0, ld, lane);  // O += P V
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
   cp_async_wait<0>();
@@ -466,30 +495,8 @@ __global__ void __launch_bounds__(threads)
     for (int q0h = 0; q0h < br; q0h += bq) {
       // dP^T = V dO^T and S^T = K Q^T, (16 keys, BQ queries) per warp
       float dp[bq / 8][4], s[bq / 8][4];
-#pragma unroll
-      for (auto& c : dp) c[0] = c[1] = c[2] = c[3] = 0.f;
-#pragma unroll
-      for (auto& c : s) c[0] = c[1] = c[2] = c[3] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk) {
-        std::uint32_t fa[4];
-        ld_a(fa, vt, ld, kw, kk * 16, lane);
-#pragma unroll
-        for (int nb = 0; nb < bq / 16; ++nb) {
-          std::uint32_t b[4];
-          ld_b_nk(b, ds_, ld, q0h + nb * 16, kk * 16, lane);
-          mma16816(dp[2 * nb], fa, b[0], b[1]);
-          mma16816(dp[2 * nb + 1], fa, b[2], b[3]);
-        }
-        ld_a(fa, kt, ld, kw, kk * 16, lane);
-#pragma unroll
-        for (int nb = 0; nb < bq / 16; ++nb) {
-          std::uint32_t b[4];
-          ld_b_nk(b, qs_, ld, q0h + nb * 16, kk * 16, lane);
-          mma16816(s[2 * nb], fa, b[0], b[1]);
-          mma16816(s[2 * nb + 1], fa, b[2], b[3]);
-        }
-      }
+      warp_abt<HD>(dp, vt, kw, ds_, q0h, ld, lane);
+      warp_abt<HD>(s, kt, kw, qs_, q0h, ld, lane);
       // P^T = exp2(s2 - lse2), dS^T = P^T (dP^T - D) (soft-capping: times 1 - (c / cap)^2)
 #pragma unroll
       for (int nb = 0; nb < bq / 8; ++nb)
@@ -510,23 +517,9 @@ __global__ void __launch_bounds__(threads)
           s[nb][e] = p;
           dp[nb][e] = d;
         }
-        // dV += P^T dO, dK += dS^T Q: A from registers, B = dO / Q stored (query, d): .trans
-#pragma unroll
-      for (int kk = 0; kk < bq / 16; ++kk) {
-        std::uint32_t pa[4], sa[4];
-        c_to_a(pa, s, kk);
-        c_to_a(sa, dp, kk);
-#pragma unroll
-        for (int db = 0; db < HD / 16; ++db) {
-          std::uint32_t b[4];
-          ld_b_kn(b, ds_, ld, db * 16, q0h + kk * 16, lane);
-          mma16816(dva[2 * db], pa, b[0], b[1]);
-          mma16816(dva[2 * db + 1], pa, b[2], b[3]);
-          ld_b_kn(b, qs_, ld, db * 16, q0h + kk * 16, lane);
-          mma16816(dka[2 * db], sa, b[0], b[1]);
-          mma16816(dka[2 * db + 1], sa, b[2], b[3]);
-        }
-      }
+      // dV += P^T dO, dK += dS^T Q: A from registers, B = dO / Q stored (query, d): .trans
+      warp_pb<HD>(dva, s, ds_, q0h, ld, lane);
+      warp_pb<HD>(dka, dp, qs_, q0h, ld, lane);
       if constexpr (AtomicDq)  // dS^T (BC, BR) to shared memory for dQ below
 #pragma unroll
         for (int nb = 0; nb < bq / 8; ++nb)
@@ -666,30 +659,8 @@ __global__ void __launch_bounds__(threads)
     const bf16* ks_ = kt + stage * bc * ld;
     const bf16* vs_ = vt + stage * bc * ld;
     float dp[bc / 8][4], s[bc / 8][4];  // dP = dO V^T, S = Q K^T: (16 rows, BC keys)
-#pragma unroll
-    for (auto& c : dp) c[0] = c[1] = c[2] = c[3] = 0.f;
-#pragma unroll
-    for (auto& c : s) c[0] = c[1] = c[2] = c[3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) {
-      std::uint32_t fa[4];
-      ld_a(fa, dot, ld, qw, kk * 16, lane);
-#pragma unroll
-      for (int nb = 0; nb < bc / 16; ++nb) {
-        std::uint32_t b[4];
-        ld_b_nk(b, vs_, ld, nb * 16, kk * 16, lane);
-        mma16816(dp[2 * nb], fa, b[0], b[1]);
-        mma16816(dp[2 * nb + 1], fa, b[2], b[3]);
-      }
-      ld_a(fa, qt, ld, qw, kk * 16, lane);
-#pragma unroll
-      for (int nb = 0; nb < bc / 16; ++nb) {
-        std::uint32_t b[4];
-        ld_b_nk(b, ks_, ld, nb * 16, kk * 16, lane);
-        mma16816(s[2 * nb], fa, b[0], b[1]);
-        mma16816(s[2 * nb + 1], fa, b[2], b[3]);
-      }
-    }
+    warp_abt<HD>(dp, dot, qw, vs_, 0, ld, lane);
+    warp_abt<HD>(s, qt, qw, ks_, 0, ld, lane);
     const bool full = tile_full(j0, lo_max, hi_min);
 #pragma unroll
     for (int nb = 0; nb < bc / 8; ++nb)
@@ -709,18 +680,7 @@ __global__ void __launch_bounds__(threads)
         }
         dp[nb][e] = d;
       }
-#pragma unroll
-    for (int kk = 0; kk < bc / 16; ++kk) {  // dQ += dS K: B = K stored (key, d): .trans
-      std::uint32_t sa[4];
-      c_to_a(sa, dp, kk);
-#pragma unroll
-      for (int db = 0; db < HD / 16; ++db) {
-        std::uint32_t b[4];
-        ld_b_kn(b, ks_, ld, db * 16, kk * 16, lane);
-        mma16816(acc[2 * db], sa, b[0], b[1]);
-        mma16816(acc[2 * db + 1], sa, b[2], b[3]);
-      }
-    }
+    warp_pb<HD>(acc, dp, ks_, 0, ld, lane);  // dQ += dS K: B = K stored (key, d): .trans
     __syncthreads();
   }
   cp_async_wait<0>();
