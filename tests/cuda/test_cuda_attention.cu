@@ -50,6 +50,64 @@ TEST_SUITE("cuda_host") {
     CHECK(mk::dq_smem(128) <= 163 * 1024);
   }
 
+  TEST_CASE("ldmatrix lane addresses give the mma.m16n8k16 fragment layouts (emulated)") {
+    // ldmatrix.x4 as the PTX ISA defines it: lanes 8m .. 8m + 7 give the addresses of rows 0-7
+    // of matrix m (8 consecutive 16-bit elements each); register m of lane l then holds row
+    // l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of matrix m (low half first), or with .trans
+    // rows 2 (l % 4) and 2 (l % 4) + 1 of column l / 4. The fragments mma expects (lane l,
+    // g = l / 4, t = l % 4): A (16 x 16) a0 = (g, 2t..2t+1), a1 = (g + 8, 2t..), a2 = (g,
+    // 2t + 8..), a3 = (g + 8, 2t + 8..); B (16 x 8, by k, n) b0 = (2t..2t+1, g), b1 = (2t + 8..,
+    // g). Here a stored element is named by its (row, column) in the stored tile and mapped back
+    // to the logical matrix, so the offsets of cuda_attention_mma.cuh are checked end to end.
+    namespace mk = detail::cuda_k::mma;
+    struct rc {
+      int r, c;
+      bool operator==(const rc&) const = default;
+    };
+    // stored (row, col) of half h of register m of lane l
+    auto load = [](auto offset, bool trans, int l, int m, int h) {
+      if (!trans) {
+        const auto o = offset(8 * m + l / 4);
+        return rc{o.r, o.c + 2 * (l % 4) + h};
+      }
+      const auto o = offset(8 * m + 2 * (l % 4) + h);
+      return rc{o.r, o.c + l / 4};
+    };
+    auto a_expected = [](int l, int m, int h) {  // logical (row, k) of A's register m
+      const int g = l / 4, t = l % 4;
+      return rc{g + 8 * (m & 1), 2 * t + h + 8 * (m >> 1)};
+    };
+    auto b_expected = [](int l, int m, int h) {  // logical (k, n) of B: regs 0-1 n-block 0
+      const int g = l / 4, t = l % 4;
+      return rc{2 * t + h + 8 * (m & 1), g + 8 * (m >> 1)};
+    };
+    int mismatches = 0;
+    for (int l = 0; l < 32; ++l)
+      for (int m = 0; m < 4; ++m)
+        for (int h = 0; h < 2; ++h) {
+          // A row-major: stored (r, c) = A (r, c)
+          const rc a = load(mk::ldsm_a, false, l, m, h);
+          mismatches += !(a == a_expected(l, m, h));
+          // A stored transposed (k, m) with .trans: stored (r, c) = A (c, r)
+          const rc at = load(mk::ldsm_a_t, true, l, m, h);
+          mismatches += !(rc{at.c, at.r} == a_expected(l, m, h));
+          // B stored (n, k): stored (r, c) = B (k = c, n = r)
+          const rc bnk = load(mk::ldsm_b_nk, false, l, m, h);
+          mismatches += !(rc{bnk.c, bnk.r} == b_expected(l, m, h));
+          // B stored (k, n) with .trans: stored (r, c) = B (r, c)
+          const rc bkn = load(mk::ldsm_b_kn, true, l, m, h);
+          mismatches += !(bkn == b_expected(l, m, h));
+        }
+    CHECK(mismatches == 0);
+    // and every lane addresses a row inside the 16 x 16 block, on a 16-byte boundary
+    for (int l = 0; l < 32; ++l)
+      for (auto o : {mk::ldsm_a(l), mk::ldsm_a_t(l), mk::ldsm_b_nk(l), mk::ldsm_b_kn(l)}) {
+        CHECK(o.r >= 0);
+        CHECK(o.r < 16);
+        CHECK((o.c == 0 || o.c == 8));
+      }
+  }
+
   TEST_CASE("TIGHTFIT_CUDA_ATTENTION picks the engine when the options leave it automatic") {
     using E = attention_engine;
     CHECK(detail::resolve_attention_engine(E::automatic, nullptr) == E::automatic);

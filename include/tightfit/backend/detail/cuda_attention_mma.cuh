@@ -115,20 +115,20 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
+/// Four 8x8 b16 matrices from shared memory (ldmatrix.x4), transposed with Trans.
+template <bool Trans = false>
 __device__ __forceinline__ void ldsm_x4(std::uint32_t (&r)[4], const bf16* p) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p))
-               : "memory");
-#endif
-}
-__device__ __forceinline__ void ldsm_x4_t(std::uint32_t (&r)[4], const bf16* p) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p))
-               : "memory");
+  if constexpr (Trans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p))
+                 : "memory");
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p))
+                 : "memory");
 #endif
 }
 /// c (16x8 fp32) += a (16x16 bf16, row) * b (16x8 bf16, col).
@@ -187,31 +187,83 @@ __device__ __forceinline__ void row_keys(const attn_args& a, index_t i, index_t&
   hi = last < a.nk - 1 ? last : a.nk - 1;
 }
 
+/// A query-tile block's geometry (forward, dQ): rows [i0, i0 + BR) of head h, the last
+/// tiles first (causal blocks then finish together), its local key rows [kbegin, kend), the
+/// visible key rows [lo, hi] of this thread's rows i0 + 16 warp + g (+ 8), and the tile's max
+/// lo / min hi (tile_full; none_lo when rows past nq are in the tile).
+struct query_tile {
+  index_t i0, h, qc, kvc, ilast, kbegin, kend;
+  index_t lo[2], hi[2], lo_max, hi_min;
+  __device__ query_tile(const attn_args& a, index_t hd, int warp, int g)
+      : i0(static_cast<index_t>(gridDim.x - 1 - blockIdx.x) * br),
+        h(blockIdx.y),
+        qc(h * hd),
+        kvc((h / a.group) * hd),
+        ilast((i0 + br < a.nq ? i0 + br : a.nq) - 1),
+        kbegin(attn_local_begin(a, i0)),
+        kend(attn_local_end(a, ilast)) {
+    row_keys(a, i0 + warp * 16 + g, lo[0], hi[0]);
+    row_keys(a, i0 + warp * 16 + g + 8, lo[1], hi[1]);
+    index_t unused;
+    row_keys(a, ilast, lo_max, unused);
+    row_keys(a, i0, unused, hi_min);
+    if (i0 + br > a.nq) lo_max = none_lo;  // rows past nq: masked tiles only
+  }
+};
+
 /// The score of a raw q.k in log2 units: scale q.k, soft-capped when softcap > 0, times log2 e.
 __device__ __forceinline__ float score2(const attn_args& a, float qk) {
   return attn_score(a, qk) * log2e;
 }
 
+/// The (row, column) offset, inside a 16 x 16 block of a stored tile, of the 8-element row that
+/// `lane` addresses for an ldmatrix.x4 (lanes 8m .. 8m + 7: the rows of matrix m), per use:
+///  - a:    A row-major (rows = A rows): matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15) in
+///          register order a0 (0-7, 0-7), a1 (8-15, 0-7), a2 (0-7, 8-15), a3 (8-15, 8-15);
+///  - a_t:  A stored transposed, (k, m) (with .trans): the same four A blocks;
+///  - b_nk: B stored (n, k), two n-blocks: b0, b1 of n 0-7, then b0, b1 of n 8-15;
+///  - b_kn: B stored (k, n) (with .trans): the same order.
+/// tests/cuda/test_cuda_attention.cu checks them against the mma fragment layouts by emulation.
+struct lane_offset {
+  int r, c;
+};
+__host__ __device__ constexpr lane_offset ldsm_a(int lane) {
+  return {(lane & 7) + ((lane >> 3) & 1) * 8, (lane >> 4) * 8};
+}
+__host__ __device__ constexpr lane_offset ldsm_a_t(int lane) {
+  return {(lane & 7) + (lane >> 4) * 8, ((lane >> 3) & 1) * 8};
+}
+__host__ __device__ constexpr lane_offset ldsm_b_nk(int lane) {
+  return {(lane & 7) + (lane >> 4) * 8, ((lane >> 3) & 1) * 8};
+}
+__host__ __device__ constexpr lane_offset ldsm_b_kn(int lane) {
+  return {(lane & 7) + ((lane >> 3) & 1) * 8, (lane >> 4) * 8};
+}
+
 /// Loads the A fragment of rows [r, r + 16) x columns [c, c + 16) of a row-major smem tile.
 __device__ __forceinline__ void ld_a(std::uint32_t (&f)[4], const bf16* tile, int ld, int r, int c,
                                      int lane) {
-  ldsm_x4(f, tile + (r + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + c + (lane >> 4) * 8);
+  const lane_offset o = ldsm_a(lane);
+  ldsm_x4(f, tile + (r + o.r) * ld + c + o.c);
 }
 /// The A fragment of the transpose of a stored (k, m) tile: A rows [m, m + 16), k [k, k + 16).
 __device__ __forceinline__ void ld_a_t(std::uint32_t (&f)[4], const bf16* tile, int ld, int m,
                                        int k, int lane) {
-  ldsm_x4_t(f, tile + (k + (lane & 7) + (lane >> 4) * 8) * ld + m + ((lane >> 3) & 1) * 8);
+  const lane_offset o = ldsm_a_t(lane);
+  ldsm_x4<true>(f, tile + (k + o.r) * ld + m + o.c);
 }
 /// B fragments of two n-blocks [n, n + 8), [n + 8, n + 16) at k-step [k, k + 16) from a tile
 /// stored (n, k) row-major: f[0], f[1] for the first n-block, f[2], f[3] for the second.
 __device__ __forceinline__ void ld_b_nk(std::uint32_t (&f)[4], const bf16* tile, int ld, int n,
                                         int k, int lane) {
-  ldsm_x4(f, tile + (n + (lane & 7) + (lane >> 4) * 8) * ld + k + ((lane >> 3) & 1) * 8);
+  const lane_offset o = ldsm_b_nk(lane);
+  ldsm_x4(f, tile + (n + o.r) * ld + k + o.c);
 }
 /// The same from a tile stored (k, n) row-major (ldmatrix .trans).
 __device__ __forceinline__ void ld_b_kn(std::uint32_t (&f)[4], const bf16* tile, int ld, int n,
                                         int k, int lane) {
-  ldsm_x4_t(f, tile + (k + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + n + (lane >> 4) * 8);
+  const lane_offset o = ldsm_b_kn(lane);
+  ldsm_x4<true>(f, tile + (k + o.r) * ld + n + o.c);
 }
 /// The A fragment (16 x 16) of C fragments c[2j], c[2j + 1] (two adjacent n-blocks), in bf16.
 template <int N>
@@ -290,19 +342,10 @@ __global__ void __launch_bounds__(threads)
   bf16* vt = kt + 2 * bc * ld;                   // 2 stages x (BC, ld)
   const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
   const int g = lane >> 2, t = lane & 3;
-  // heaviest (last) query tiles first: causal blocks finish together
-  const index_t i0 = static_cast<index_t>(gridDim.x - 1 - blockIdx.x) * br, h = blockIdx.y;
-  const index_t qc = h * HD, kvc = (h / a.group) * HD;
-  const index_t ilast = (i0 + br < a.nq ? i0 + br : a.nq) - 1;
-  const index_t kbegin = attn_local_begin(a, i0), kend = attn_local_end(a, ilast);
-  index_t lo[2], hi[2];  // visible key rows of this thread's rows i0 + 16 warp + g (+ 8)
-  row_keys(a, i0 + warp * 16 + g, lo[0], hi[0]);
-  row_keys(a, i0 + warp * 16 + g + 8, lo[1], hi[1]);
-  index_t lo_max, hi_min, unused;
-  row_keys(a, ilast, lo_max, unused);
-  row_keys(a, i0, unused, hi_min);
-  if (i0 + br > a.nq) lo_max = none_lo;  // rows past nq: masked tiles only
-  float acc[HD / 8][4];                  // O (16, HD) of the warp, unnormalised
+  const query_tile tile(a, HD, warp, g);
+  const index_t i0 = tile.i0, h = tile.h, qc = tile.qc, kvc = tile.kvc;
+  const index_t kbegin = tile.kbegin, kend = tile.kend;
+  float acc[HD / 8][4];  // O (16, HD) of the warp, unnormalised
 #pragma unroll
   for (auto& c : acc) c[0] = c[1] = c[2] = c[3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // log2 units; l: this lane's part
@@ -339,14 +382,14 @@ __global__ void __launch_bounds__(threads)
         mma16816(s[2 * nb], qf[kk], b[0], b[1]);
         mma16816(s[2 * nb + 1], qf[kk], b[2], b[3]);
       }
-    const bool full = tile_full(j0, lo_max, hi_min);
+    const bool full = tile_full(j0, tile.lo_max, tile.hi_min);
 #pragma unroll
     for (int nb = 0; nb < bc / 8; ++nb)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const index_t j = j0 + nb * 8 + 2 * t + (e & 1);
         const int r = e >> 1;
-        s[nb][e] = full || (j >= lo[r] && j <= hi[r]) ? score2(a, s[nb][e]) : -INFINITY;
+        s[nb][e] = full || (j >= tile.lo[r] && j <= tile.hi[r]) ? score2(a, s[nb][e]) : -INFINITY;
       }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {  // online softmax of row g + 8 r
@@ -618,24 +661,17 @@ __global__ void __launch_bounds__(threads)
   bf16* vt = kt + 2 * bc * ld;                   // 2 stages x (BC, ld)
   const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
   const int g = lane >> 2, t = lane & 3;
-  const index_t i0 = static_cast<index_t>(gridDim.x - 1 - blockIdx.x) * br, h = blockIdx.y;
-  const index_t qc = h * HD, kvc = (h / a.group) * HD;
-  const index_t ilast = (i0 + br < a.nq ? i0 + br : a.nq) - 1;
-  const index_t kbegin = attn_local_begin(a, i0), kend = attn_local_end(a, ilast);
-  index_t lo[2], hi[2];
+  const query_tile tile(a, HD, warp, g);
+  const index_t i0 = tile.i0, h = tile.h, qc = tile.qc, kvc = tile.kvc;
+  const index_t kbegin = tile.kbegin, kend = tile.kend;
   float l2[2], dd[2];  // the rows' lse * log2 e and D
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const index_t i = i0 + warp * 16 + g + 8 * r;
-    row_keys(a, i, lo[r], hi[r]);
     const float x = i < a.nq ? lse[i * lss + h] : 0.f;
     l2[r] = x == -INFINITY ? INFINITY : x * log2e;
     dd[r] = i < a.nq ? dvec[i * a.heads + h] : 0.f;
   }
-  index_t lo_max, hi_min, unused;
-  row_keys(a, ilast, lo_max, unused);
-  row_keys(a, i0, unused, hi_min);
-  if (i0 + br > a.nq) lo_max = none_lo;
   float acc[HD / 8][4];  // dQ (16, HD) of the warp, unscaled
 #pragma unroll
   for (auto& c : acc) c[0] = c[1] = c[2] = c[3] = 0.f;
@@ -661,7 +697,7 @@ __global__ void __launch_bounds__(threads)
     float dp[bc / 8][4], s[bc / 8][4];  // dP = dO V^T, S = Q K^T: (16 rows, BC keys)
     warp_abt<HD>(dp, dot, qw, vs_, 0, ld, lane);
     warp_abt<HD>(s, qt, qw, ks_, 0, ld, lane);
-    const bool full = tile_full(j0, lo_max, hi_min);
+    const bool full = tile_full(j0, tile.lo_max, tile.hi_min);
 #pragma unroll
     for (int nb = 0; nb < bc / 8; ++nb)
 #pragma unroll
@@ -669,7 +705,7 @@ __global__ void __launch_bounds__(threads)
         const index_t j = j0 + nb * 8 + 2 * t + (e & 1);
         const int r = e >> 1;
         float d = 0.f;
-        if (full || (j >= lo[r] && j <= hi[r])) {
+        if (full || (j >= tile.lo[r] && j <= tile.hi[r])) {
           const float x = score2(a, s[nb][e]);
           const float p = exp2f(x - l2[r]);
           d = p * (dp[nb][e] - dd[r]);
