@@ -170,7 +170,8 @@ def hf_model(c, params, dtype, device):
                                    max_position_embeddings=4096)
     model = transformers.Qwen3ForCausalLM(cfg).to(device=device, dtype=dtype)
     state = {k: v.to(dtype) for k, v in params.items()}
-    model.load_state_dict(state, strict=False)
+    # strict: a name that did not load would leave random weights and a meaningless yardstick
+    model.load_state_dict(state, strict=not c["tie_word_embeddings"])
     if c["tie_word_embeddings"]:
         model.tie_weights()
     return model
@@ -187,7 +188,8 @@ def sft_loss(logits, targets, lengths):
 
 
 def gradients(c, weights, dtype, device, autocast=False, impl="plain"):
-    """{name: grad (float64, cpu)} of the SFT loss on the test batch (weights rounded to dtype)."""
+    """({name: grad (float64, cpu)}, loss) of the SFT loss on the test batch (weights rounded
+    to dtype)."""
     ids, targets, lengths = weights["__batch"]
     params = {k: (v.float() if autocast else v.to(dtype)).detach().clone().to(device)
               .requires_grad_(True)
@@ -207,15 +209,16 @@ def gradients(c, weights, dtype, device, autocast=False, impl="plain"):
         loss = sft_loss(logits, targets, lengths)
         loss.backward()
         named = dict(model.named_parameters())
-        return {k: named[k].grad.double().cpu() for k in params if k in named}
+        return {k: named[k].grad.double().cpu() for k in params if k in named}, loss.item()
     m = PlainQwen3(c, params)
     if ctx:
         with ctx:
             logits = m.logits(ids, lengths)
     else:
         logits = m.logits(ids, lengths)
-    sft_loss(logits, targets, lengths).backward()
-    return {k: v.grad.double().cpu() for k, v in params.items()}
+    loss = sft_loss(logits, targets, lengths)
+    loss.backward()
+    return {k: v.grad.double().cpu() for k, v in params.items()}, loss.item()
 
 
 def rel_err(a, b):
@@ -238,9 +241,14 @@ def yardstick(args):
             w = random_weights(c, seed)
             w["__batch"] = test_batch(c, seed)
             # the reference runs in float64 on the CPU (CUDA float64 would do as well)
-            ref = gradients(c, w, torch.float64, "cpu")
-            got = gradients(c, w, torch.bfloat16, device, impl=impl)
-            ac = gradients(c, w, torch.bfloat16, device, autocast=True, impl="plain")
+            ref, ref_loss = gradients(c, w, torch.float64, "cpu")
+            got, got_loss = gradients(c, w, torch.bfloat16, device, impl=impl)
+            ac, _ = gradients(c, w, torch.bfloat16, device, autocast=True, impl="plain")
+            # the same model in both precisions, or the yardstick means nothing
+            if abs(got_loss - ref_loss) > 0.05 * abs(ref_loss) or set(got) != set(ref):
+                sys.exit(f"yardstick: {name} seed {seed}: the bf16 model ({impl}) disagrees with "
+                         f"fp64: loss {got_loss} against {ref_loss}, tensors "
+                         f"{sorted(set(ref) ^ set(got))}")
             for k in ref:
                 worst[k] = max(worst.get(k, 0.0), rel_err(got[k], ref[k]))
                 worst_ac[k] = max(worst_ac.get(k, 0.0), rel_err(ac[k], ref[k]))
@@ -267,17 +275,19 @@ class Rows:
             self.f.flush()
 
 
-def from_config(cls, cfg, dtype):
-    """cls.from_config / _from_config with SDPA and dtype (transformers 5: dtype=; 4.x:
-    torch_dtype=), built on the current default device."""
-    make = getattr(cls, "from_config", None) or cls._from_config
+def from_config(cfg, dtype):
+    """A Qwen3ForCausalLM from cfg with SDPA attention and dtype, built on the current default
+    device: AutoModelForCausalLM.from_config (transformers 5: dtype=, 4.x: torch_dtype=), else
+    the class itself."""
+    import transformers
     for kw in ("dtype", "torch_dtype"):
         try:
-            return make(cfg, attn_implementation="sdpa", **{kw: dtype})
-        except TypeError:
+            return transformers.AutoModelForCausalLM.from_config(
+                cfg, attn_implementation="sdpa", **{kw: dtype})
+        except (TypeError, ValueError):
             continue
-    model = cls(cfg).to(dtype)
-    return model
+    cfg._attn_implementation = "sdpa"
+    return transformers.Qwen3ForCausalLM(cfg).to(dtype)
 
 
 def qwen3_4b(layers):
@@ -286,7 +296,7 @@ def qwen3_4b(layers):
     cfg = transformers.Qwen3Config(**QWEN3_4B, num_hidden_layers=layers, attention_bias=False,
                                    hidden_act="silu", use_cache=False)
     with torch.device("cuda"):
-        model = from_config(transformers.AutoModelForCausalLM, cfg, torch.bfloat16)
+        model = from_config(cfg, torch.bfloat16)
     impl = getattr(model.config, "_attn_implementation", "?")
     print(f"peers: {type(model).__name__}, {layers} layers, {model.dtype}, attention {impl}, "
           f"{sum(p.numel() for p in model.parameters()) / 1e9:.2f}e9 parameters", flush=True)

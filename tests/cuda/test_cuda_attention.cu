@@ -34,20 +34,29 @@ TEST_SUITE("cuda_host") {
     alignas(16) static unsigned char buf[64];
     const void* ok = buf;
     const void* off = buf + 2;  // bf16-aligned, not 16-byte aligned
-    CHECK(mk::refusal(true, 128, 9, {{ok, 4096}, {ok, 1024}}) == nullptr);
-    CHECK(mk::refusal(true, 64, 8, {{ok, 64}}) == nullptr);
-    CHECK(std::string(mk::refusal(false, 128, 9, {{ok, 4096}})).find("float") != std::string::npos);
-    CHECK(std::string(mk::refusal(true, 96, 9, {{ok, 96}})).find("head_dim") != std::string::npos);
-    CHECK(std::string(mk::refusal(true, 256, 9, {{ok, 256}})).find("head_dim") !=
+    CHECK(mk::refusal(true, 128, 9, 1000, {{ok, 4096}, {ok, 1024}}) == nullptr);
+    CHECK(mk::refusal(true, 64, 8, 1000, {{ok, 64}}) == nullptr);
+    CHECK(std::string(mk::refusal(false, 128, 9, 1000, {{ok, 4096}})).find("float") !=
           std::string::npos);
-    CHECK(std::string(mk::refusal(true, 128, 7, {{ok, 128}})).find("sm_80") != std::string::npos);
-    CHECK(std::string(mk::refusal(true, 128, 9, {{ok, 128}, {off, 128}})).find("aligned") !=
+    CHECK(std::string(mk::refusal(true, 96, 9, 1000, {{ok, 96}})).find("head_dim") !=
           std::string::npos);
-    CHECK(std::string(mk::refusal(true, 128, 9, {{ok, 132}})).find("stride") != std::string::npos);
-    // shared memory of the tile sets fits an sm_80 block (163 KiB opt-in) at head_dim 128
-    CHECK(mk::fwd_smem(128) <= 163 * 1024);
-    CHECK(mk::dkdv_smem(128) <= 163 * 1024);
-    CHECK(mk::dq_smem(128) <= 163 * 1024);
+    CHECK(std::string(mk::refusal(true, 256, 9, 1000, {{ok, 256}})).find("head_dim") !=
+          std::string::npos);
+    CHECK(std::string(mk::refusal(true, 128, 7, 1000, {{ok, 128}})).find("sm_80") !=
+          std::string::npos);
+    CHECK(std::string(mk::refusal(true, 128, 9, 1000, {{ok, 128}, {off, 128}})).find("aligned") !=
+          std::string::npos);
+    CHECK(std::string(mk::refusal(true, 128, 9, 1000, {{ok, 132}})).find("stride") !=
+          std::string::npos);
+    CHECK(std::string(mk::refusal(true, 128, 9, index_t{1} << 31, {{ok, 128}})).find("2^31") !=
+          std::string::npos);
+    CHECK(mk::refusal(true, 128, 9, (index_t{1} << 31) - 2, {{ok, 128}}) == nullptr);
+    // shared memory of the tile sets fits an sm_80 block (163 KiB opt-in) at head_dim 128, and
+    // two blocks of each fit an sm_90 SM (228 KiB, 1 KiB reserved per block)
+    for (std::size_t b : {mk::fwd_smem(128), mk::dkdv_smem(128), mk::dq_smem(128)}) {
+      CHECK(b <= 163 * 1024);
+      CHECK(2 * (b + 1024) <= 228 * 1024);
+    }
   }
 
   TEST_CASE("ldmatrix lane addresses give the mma.m16n8k16 fragment layouts (emulated)") {

@@ -427,7 +427,7 @@ requires(std::is_same_v<Storage, float> ||
     ctx_.ensure();
     auto doc = doc_starts(mask, q.rows);
     const auto a = attn_args(shape, q.rows, k.rows, mask, doc.data(), scale);
-    if (use_mma(shape.head_dim,
+    if (use_mma(a,
                 {{q.data, q.stride}, {k.data, k.stride}, {v.data, v.stride}, {o.data, o.stride}})) {
       mma_forward<L, false>(a, q, k, v, o.data, o.stride, lse.data, lse.stride);
       return;
@@ -462,13 +462,13 @@ requires(std::is_same_v<Storage, float> ||
     auto doc = doc_starts(mask, q.rows);
     const auto a = attn_args(shape, q.rows, k.rows, mask, doc.data(), scale);
     const index_t hd = shape.head_dim;
-    const bool mma = use_mma(hd, {{q.data, q.stride},
-                                  {k.data, k.stride},
-                                  {v.data, v.stride},
-                                  {dout.data, dout.stride},
-                                  {dq.data, dq.stride},
-                                  {dk.data, dk.stride},
-                                  {dv.data, dv.stride}});
+    const bool mma = use_mma(a, {{q.data, q.stride},
+                                 {k.data, k.stride},
+                                 {v.data, v.stride},
+                                 {dout.data, dout.stride},
+                                 {dq.data, dq.stride},
+                                 {dk.data, dk.stride},
+                                 {dv.data, dv.stride}});
     // fp32 lse: the given one, or recomputed from Q and K (a bf16 lse, see the top comment)
     const float* lse_f = nullptr;
     index_t lss = 0;
@@ -661,18 +661,23 @@ requires(std::is_same_v<Storage, float> ||
     detail::cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(bytes)),
                        what);
+    // the largest shared-memory carveout: two tensor-core attention blocks per SM need it
+    detail::cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                            static_cast<int>(cudaSharedmemCarveoutMaxShared)),
+                       what);
   }
 
   /// Whether this attention call runs on the tensor-core kernels (counted); throws when they
   /// are forced and cannot run it.
-  bool use_mma(index_t head_dim, std::initializer_list<detail::cuda_k::mma::operand> ops) {
+  bool use_mma(const detail::cuda_k::attn_args& a,
+               std::initializer_list<detail::cuda_k::mma::operand> ops) {
     if (engine_ == attention_engine::cuda_cores) return false;
-    const char* why = detail::cuda_k::mma::refusal(std::is_same_v<S, __nv_bfloat16>, head_dim,
-                                                   ctx_.cc_major(), ops);
+    const index_t positions = std::max({a.q0 + a.nq, a.k0 + a.nk, a.kmax});
+    const char* why = detail::cuda_k::mma::refusal(std::is_same_v<S, __nv_bfloat16>, a.hd,
+                                                   ctx_.cc_major(), positions, ops);
     if (why != nullptr) {
       check(engine_ != attention_engine::tensor_cores,
-            "cuda_backend: tensor-core attention is forced, but ", why, " (head_dim ", head_dim,
-            ")");
+            "cuda_backend: tensor-core attention is forced, but ", why, " (head_dim ", a.hd, ")");
       return false;
     }
     ++mma_calls_;

@@ -40,6 +40,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
@@ -74,13 +75,15 @@ struct operand {
   index_t stride;  ///< elements
 };
 /// Why the tensor-core kernels cannot run a call (nullptr when they can): storage other than
-/// bf16, a head_dim without an instantiation, a device before sm_80, an operand whose base is not
+/// bf16, a head_dim without an instantiation, a device before sm_80, positions (queries or keys)
+/// past 2^31 - 1 (the dK/dV kernel keeps key bounds in int32), an operand whose base is not
 /// 16-byte aligned or whose row stride is not a multiple of 8 elements.
-inline const char* refusal(bool bf16_storage, index_t head_dim, int cc_major,
+inline const char* refusal(bool bf16_storage, index_t head_dim, int cc_major, index_t positions,
                            std::initializer_list<operand> ops) {
   if (!bf16_storage) return "float storage keeps the CUDA-core kernel";
   if (!supported_head_dim(head_dim)) return "head_dim is not 64 or 128";
   if (cc_major < 8) return "the device is older than sm_80";
+  if (positions >= INT32_MAX) return "a position is past 2^31 - 1";
   for (const operand& o : ops) {
     if (reinterpret_cast<std::uintptr_t>(o.data) % 16 != 0)
       return "an operand is not 16-byte aligned";
@@ -452,10 +455,12 @@ __global__ void __launch_bounds__(threads)
 // ---- backward: dK, dV (and atomic dQ) --------------------------------------------------------
 
 /// Shared bytes of the dK/dV kernel: K, V (BC, HD+pad); two stages of Q, dO (BR, HD+pad); dS^T
-/// (BC, BR+pad); two stages of lse*log2e, D (BR floats) and the rows' key bounds (2 BR index_t).
+/// (BC, BR+pad); two stages of lse*log2e, D (BR floats) and the rows' key bounds (2 BR int32).
+/// 115,712 bytes at head_dim 128: with the 1 KiB each block reserves, two blocks fill an
+/// H100 / H200 SM's 228 KiB exactly.
 __host__ __device__ constexpr std::size_t dkdv_smem(int hd) {
   return sizeof(bf16) * static_cast<std::size_t>((2 * bc + 4 * br) * (hd + pad) + bc * (br + pad)) +
-         2 * br * (2 * sizeof(float) + 2 * sizeof(index_t));
+         2 * br * (2 * sizeof(float) + 2 * sizeof(std::int32_t));
 }
 
 /// dK, dV (nk, kv_heads*HD) += over one key tile and kv head; with AtomicDq also
@@ -476,8 +481,9 @@ __global__ void __launch_bounds__(threads)
   bf16* dst = dot + 2 * br * ld;                          // (BC, lds): dS^T of the pair, for dQ
   auto* lrow = reinterpret_cast<float*>(dst + bc * lds);  // 2 stages x (BR): lse * log2 e
   float* drow = lrow + 2 * br;                            // 2 stages x (BR): D
-  auto* qlo = reinterpret_cast<index_t*>(drow + 2 * br);  // 2 stages x (BR): rows' key bounds
-  index_t* qhi = qlo + 2 * br;                            // 2 stages x (BR)
+  // 2 stages x (BR): the rows' visible key rows [lo, hi], int32 (positions < 2^31: refusal)
+  auto* qlo = reinterpret_cast<std::int32_t*>(drow + 2 * br);
+  std::int32_t* qhi = qlo + 2 * br;
   const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
   const int g = lane >> 2, t = lane & 3;
   const index_t j0 = static_cast<index_t>(blockIdx.x) * bc, kvh = blockIdx.y;
@@ -500,7 +506,10 @@ __global__ void __launch_bounds__(threads)
       // a row that sees no key here (lse = -inf) gets P = exp2(s - inf) = 0
       lrow[st * br + r] = x == -INFINITY ? INFINITY : x * log2e;
       drow[st * br + r] = i < a.nq ? dvec[i * a.heads + hh] : 0.f;
-      row_keys(a, i, qlo[st * br + r], qhi[st * br + r]);
+      index_t lo, hi;
+      row_keys(a, i, lo, hi);  // none_lo / none_hi (no key) saturate to INT32_MAX / INT32_MIN
+      qlo[st * br + r] = static_cast<std::int32_t>(lo > INT32_MAX ? INT32_MAX : lo);
+      qhi[st * br + r] = static_cast<std::int32_t>(hi < INT32_MIN ? INT32_MIN : hi);
     }
   };
   if (h < hend) {
@@ -530,8 +539,8 @@ __global__ void __launch_bounds__(threads)
     const bf16* ds_ = dot + stage * br * ld;
     const float* ls_ = lrow + stage * br;
     const float* dd_ = drow + stage * br;
-    const index_t* lo_ = qlo + stage * br;
-    const index_t* hi_ = qhi + stage * br;
+    const std::int32_t* lo_ = qlo + stage * br;
+    const std::int32_t* hi_ = qhi + stage * br;
     const bool full = tile_full(j0, lo_[br - 1], hi_[0]);
     // two halves of BQ queries each (fewer live registers: dP^T and S^T are 16 x BQ per warp)
 #pragma unroll 1
