@@ -243,30 +243,34 @@ __host__ __device__ constexpr lane_offset ldsm_b_kn(int lane) {
   return {(lane & 7) + ((lane >> 3) & 1) * 8, (lane >> 4) * 8};
 }
 
+/// ldmatrix.x4 of the 16 x 16 block at (r0, c0) of a stored tile (row stride ld), each lane
+/// addressing the row Offset gives it (one of the ldsm_* above), transposed with Trans.
+template <bool Trans, lane_offset (*Offset)(int)>
+__device__ __forceinline__ void ld_block(std::uint32_t (&f)[4], const bf16* tile, int ld, int r0,
+                                         int c0, int lane) {
+  const lane_offset o = Offset(lane);
+  ldsm_x4<Trans>(f, tile + (r0 + o.r) * ld + c0 + o.c);
+}
 /// Loads the A fragment of rows [r, r + 16) x columns [c, c + 16) of a row-major smem tile.
 __device__ __forceinline__ void ld_a(std::uint32_t (&f)[4], const bf16* tile, int ld, int r, int c,
                                      int lane) {
-  const lane_offset o = ldsm_a(lane);
-  ldsm_x4(f, tile + (r + o.r) * ld + c + o.c);
+  ld_block<false, ldsm_a>(f, tile, ld, r, c, lane);
 }
 /// The A fragment of the transpose of a stored (k, m) tile: A rows [m, m + 16), k [k, k + 16).
 __device__ __forceinline__ void ld_a_t(std::uint32_t (&f)[4], const bf16* tile, int ld, int m,
                                        int k, int lane) {
-  const lane_offset o = ldsm_a_t(lane);
-  ldsm_x4<true>(f, tile + (k + o.r) * ld + m + o.c);
+  ld_block<true, ldsm_a_t>(f, tile, ld, k, m, lane);
 }
 /// B fragments of two n-blocks [n, n + 8), [n + 8, n + 16) at k-step [k, k + 16) from a tile
 /// stored (n, k) row-major: f[0], f[1] for the first n-block, f[2], f[3] for the second.
 __device__ __forceinline__ void ld_b_nk(std::uint32_t (&f)[4], const bf16* tile, int ld, int n,
                                         int k, int lane) {
-  const lane_offset o = ldsm_b_nk(lane);
-  ldsm_x4(f, tile + (n + o.r) * ld + k + o.c);
+  ld_block<false, ldsm_b_nk>(f, tile, ld, n, k, lane);
 }
 /// The same from a tile stored (k, n) row-major (ldmatrix .trans).
 __device__ __forceinline__ void ld_b_kn(std::uint32_t (&f)[4], const bf16* tile, int ld, int n,
                                         int k, int lane) {
-  const lane_offset o = ldsm_b_kn(lane);
-  ldsm_x4<true>(f, tile + (k + o.r) * ld + n + o.c);
+  ld_block<true, ldsm_b_kn>(f, tile, ld, k, n, lane);
 }
 /// The A fragment (16 x 16) of C fragments c[2j], c[2j + 1] (two adjacent n-blocks), in bf16.
 template <int N>
