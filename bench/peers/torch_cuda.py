@@ -123,15 +123,16 @@ class PlainQwen3:
         inv = 1.0 / c["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
         ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
         emb = torch.cat([ang, ang], -1)
-        cos, sin = emb.cos().to(dt), emb.sin().to(dt)
-        if dt != torch.float64:
-            cos, sin = emb.float().cos().to(dt), emb.float().sin().to(dt)
+        if dt != torch.float64:  # transformers computes cos / sin in fp32, then casts
+            emb = emb.float()
+        dev = ids.device
+        cos, sin = emb.cos().to(device=dev, dtype=dt), emb.sin().to(device=dev, dtype=dt)
 
         def rope(t):
             t1, t2 = t[..., : hd // 2], t[..., hd // 2:]
             return t * cos + torch.cat([-t2, t1], -1) * sin
 
-        keys = torch.arange(T)
+        keys = torch.arange(T, device=dev)
         allowed = (keys[None, :] <= keys[:, None])[None, :, :] & \
             (keys[None, None, :] < lengths[:, None, None])
         # a padded row keeps the keys below its length (never all masked)
