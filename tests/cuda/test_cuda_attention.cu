@@ -1,7 +1,11 @@
 // The CUDA attention engines, feature by feature, against reference_backend<double> (bf16
 // storage; the float path is test_cuda.cu's):
-//  - "cuda_host": the tensor-core eligibility test (detail::cuda_k::mma::refusal) and the
-//    TIGHTFIT_CUDA_ATTENTION parsing, no device needed;
+//  - "cuda_host": the tensor-core eligibility test (detail::cuda_k::mma::refusal), the
+//    TIGHTFIT_CUDA_ATTENTION parsing, the ldmatrix lane addresses against the mma fragment
+//    layouts (emulated), and the tensor-core kernels' schedules replayed on the host in double
+//    (replay_mma: their tiles, masks, pairs and online softmax through the headers' own
+//    helpers) against the reference on the feature cases and 600 random geometries; no device
+//    needed;
 //  - "gpu": one case per feature the backend contract has (GQA, StreamBP's chunk with q0 > 0,
 //    right padding, sliding window, document masks, soft-capping, key blocks merged by their
 //    lse, tail tiles, one query row), each run by the CUDA-core kernels and by the tensor-core
@@ -13,11 +17,14 @@
 //    forced on a call it cannot run throwing.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -408,7 +415,305 @@ std::vector<attn_case> feature_cases() {
   return cs;
 }
 
+/// The tensor-core kernels' schedules (cuda_attention_mma.cuh) replayed on the host at tile
+/// granularity in double, without fragments: the same query and key tiles, the same tile
+/// classification (tile_full over row_keys, int32 bounds in the dK/dV kernel), the dK/dV
+/// kernel's (head, query tile) pairs, the online softmax in log2 units with its -inf rule, and
+/// the zero-filled rows past a tile's end, all through the headers' own helpers. Against the
+/// reference it checks the schedules' index logic, not the hardware or the fragments.
+attn_io replay_mma(const attn_case& c, const attn_inputs& in, bool deterministic) {
+  namespace ck = detail::cuda_k;
+  namespace mk = detail::cuda_k::mma;
+  const index_t H = c.shape.heads, hd = c.shape.head_dim, qc = H * hd;
+  const index_t kc = c.shape.kv_heads * hd, group = H / c.shape.kv_heads;
+  const double scale = scale_of(c), log2e = 1.4426950408889634, ln2 = 0.6931471805599453;
+  auto score2 = [&](double qk) {
+    const double x = scale * qk;
+    return (c.softcap > 0 ? c.softcap * std::tanh(x / c.softcap) : x) * log2e;
+  };
+  auto dot = [&](const std::vector<double>& a, index_t ra, index_t ca, index_t sa,
+                 const std::vector<double>& b, index_t rb, index_t cb, index_t sb) {
+    double acc = 0;
+    for (index_t d = 0; d < hd; ++d)
+      acc += a[static_cast<std::size_t>(ra * sa + ca + d)] *
+             b[static_cast<std::size_t>(rb * sb + cb + d)];
+    return acc;
+  };
+  attn_io r{std::vector<double>(static_cast<std::size_t>(c.nq * qc)),
+            std::vector<double>(static_cast<std::size_t>(c.nq * H), -INFINITY),
+            std::vector<double>(static_cast<std::size_t>(c.nq * qc)),
+            std::vector<double>(static_cast<std::size_t>(c.nk * kc)),
+            std::vector<double>(static_cast<std::size_t>(c.nk * kc))};
+  std::vector<index_t> cuts = c.cuts.empty() ? std::vector<index_t>{0, c.nk} : c.cuts;
+  const bool blocks = cuts.size() > 2;
+  auto args = [&](std::size_t b) {
+    ck::attn_args a;
+    a.nq = c.nq;
+    a.q0 = c.q0;
+    a.k0 = blocks ? cuts[b] : 0;
+    a.nk = cuts[b + 1] - cuts[b];
+    a.kmax = std::min(blocks ? c.nk : a.k0 + a.nk, c.valid);
+    a.window = c.window;
+    a.doc = c.doc.empty() ? nullptr : c.doc.data();
+    a.heads = H;
+    a.group = group;
+    a.hd = hd;
+    a.scale = static_cast<float>(scale);
+    a.softcap = static_cast<float>(c.softcap);
+    return a;
+  };
+  // forward per key block (fwd_kernel's loops), merged by log-sum-exp
+  for (std::size_t b = 0; b + 1 < cuts.size(); ++b) {
+    const ck::attn_args a = args(b);
+    const index_t kb = cuts[b];  // K/V row j of the block is row kb + j of the case
+    for (index_t i0 = 0; i0 < a.nq; i0 += mk::br)
+      for (index_t h = 0; h < H; ++h) {
+        const index_t ilast = std::min(i0 + mk::br, a.nq) - 1;
+        const index_t kbegin = ck::attn_local_begin(a, i0), kend = ck::attn_local_end(a, ilast);
+        index_t lo_max, hi_min, unused;
+        mk::row_keys(a, ilast, lo_max, unused);
+        mk::row_keys(a, i0, unused, hi_min);
+        if (i0 + mk::br > a.nq) lo_max = mk::none_lo;
+        for (index_t i = i0; i < std::min(i0 + mk::br, a.nq); ++i) {
+          index_t lo, hi;
+          mk::row_keys(a, i, lo, hi);
+          double m = -INFINITY, l = 0;
+          std::vector<double> acc(static_cast<std::size_t>(hd));
+          for (index_t j0 = kbegin; j0 < kend; j0 += mk::bc) {
+            const bool full = mk::tile_full(j0, lo_max, hi_min);
+            std::vector<double> s(mk::bc, -INFINITY);
+            double mt = -INFINITY;
+            for (index_t cc = 0; cc < mk::bc; ++cc) {
+              const index_t j = j0 + cc;
+              if (!(full || (j >= lo && j <= hi))) continue;
+              // rows at or past kend are zero-filled in shared memory
+              s[static_cast<std::size_t>(cc)] =
+                  j < kend ? score2(dot(in.q, i, h * hd, qc, in.k, kb + j, (h / group) * hd, kc))
+                           : score2(0);
+              mt = std::max(mt, s[static_cast<std::size_t>(cc)]);
+            }
+            const double mnew = std::max(m, mt), mu = mnew == -INFINITY ? 0 : mnew;
+            const double alpha = std::exp2(m - mu);
+            l *= alpha;
+            for (auto& x : acc) x *= alpha;
+            for (index_t cc = 0; cc < mk::bc; ++cc) {
+              const double p = std::exp2(s[static_cast<std::size_t>(cc)] - mu);
+              l += p;
+              const index_t j = j0 + cc;
+              if (p != 0 && j < kend)
+                for (index_t d = 0; d < hd; ++d)
+                  acc[static_cast<std::size_t>(d)] +=
+                      p * in.v[static_cast<std::size_t>((kb + j) * kc + (h / group) * hd + d)];
+            }
+            m = mnew;
+          }
+          const double lb = l > 0 ? m * ln2 + std::log(l) : -INFINITY;
+          double& lr = r.lse[static_cast<std::size_t>(i * H + h)];
+          double* orow = r.o.data() + i * qc + h * hd;
+          if (lb == -INFINITY) continue;  // this block adds nothing (merge_attention_blocks)
+          const double mm = std::max(lr, lb), wa = lr == -INFINITY ? 0 : std::exp(lr - mm);
+          const double wb = std::exp(lb - mm), sum = wa + wb;
+          for (index_t d = 0; d < hd; ++d)
+            orow[d] = (wa * orow[d] + wb * acc[static_cast<std::size_t>(d)] / l) / sum;
+          lr = mm + std::log(sum);
+        }
+      }
+  }
+  // D = rowsum(dO * O)
+  std::vector<double> dvec(static_cast<std::size_t>(c.nq * H));
+  for (index_t i = 0; i < c.nq; ++i)
+    for (index_t h = 0; h < H; ++h)
+      dvec[static_cast<std::size_t>(i * H + h)] = dot(in.dout, i, h * hd, qc, r.o, i, h * hd, qc);
+  // backward per key block: dkdv_kernel's pairs (dK, dV, and dQ as its atomics add it)
+  for (std::size_t b = 0; b + 1 < cuts.size(); ++b) {
+    const ck::attn_args a = args(b);
+    const index_t kb = cuts[b], kloc = ck::attn_local_keys(a);
+    for (index_t j0 = 0; j0 < kloc; j0 += mk::bc)
+      for (index_t g = 0; g < c.shape.kv_heads; ++g) {
+        const index_t jlastpos = a.k0 + std::min(j0 + mk::bc, kloc) - 1;
+        const index_t ifirst = std::max<index_t>(a.k0 + j0 - a.q0, 0);
+        auto sees = [&](index_t i0) {
+          return i0 < a.nq && ck::attn_first(a, a.q0 + i0) <= jlastpos;
+        };
+        const index_t hend = (g + 1) * group;
+        index_t h = sees(ifirst) ? g * group : hend, i0 = ifirst;
+        while (h < hend) {
+          std::vector<std::int32_t> lo(mk::br), hi(mk::br);
+          for (index_t rr = 0; rr < mk::br; ++rr) {
+            index_t l64, h64;
+            mk::row_keys(a, i0 + rr, l64, h64);  // saturated to int32 as the kernel stores them
+            lo[static_cast<std::size_t>(rr)] =
+                static_cast<std::int32_t>(std::min<index_t>(l64, INT32_MAX));
+            hi[static_cast<std::size_t>(rr)] =
+                static_cast<std::int32_t>(std::max<index_t>(h64, INT32_MIN));
+          }
+          const bool full = mk::tile_full(j0, lo[mk::br - 1], hi[0]);
+          for (index_t jj = 0; jj < mk::bc; ++jj)
+            for (index_t rr = 0; rr < mk::br; ++rr) {
+              const index_t j = j0 + jj, i = i0 + rr;
+              if (!(full || (j >= lo[static_cast<std::size_t>(rr)] &&
+                             j <= hi[static_cast<std::size_t>(rr)])))
+                continue;
+              if (i >= a.nq) throw std::logic_error("replay: a row past nq is visible");
+              const bool key = j < kloc;  // zero-filled past kloc
+              const double x =
+                  key ? score2(dot(in.q, i, h * hd, qc, in.k, kb + j, g * hd, kc)) : score2(0);
+              const double l0 = r.lse[static_cast<std::size_t>(i * H + h)];
+              const double p = std::exp2(x - (l0 == -INFINITY ? INFINITY : l0 * log2e));
+              const double dp = key ? dot(in.dout, i, h * hd, qc, in.v, kb + j, g * hd, kc) : 0;
+              double ds = p * (dp - dvec[static_cast<std::size_t>(i * H + h)]);
+              if (c.softcap > 0) {
+                const double u = x * ln2 / c.softcap;
+                ds *= 1 - u * u;
+              }
+              if (!key) continue;  // never written (j >= kloc)
+              for (index_t d = 0; d < hd; ++d) {
+                const auto qi = static_cast<std::size_t>(i * qc + h * hd + d);
+                const auto kj = static_cast<std::size_t>((kb + j) * kc + g * hd + d);
+                r.dv[kj] += p * in.dout[qi];
+                r.dk[kj] += scale * ds * in.q[qi];
+                if (!deterministic) r.dq[qi] += scale * ds * in.k[kj];  // the atomic dQ
+              }
+            }
+          index_t hn = h, in0 = i0 + mk::br;
+          if (!sees(in0)) {
+            ++hn;
+            in0 = ifirst;
+          }
+          h = hn;
+          i0 = in0;
+        }
+      }
+    if (!deterministic) continue;
+    // dq_kernel's loops: a query tile and head over its key tiles [kbegin, kend)
+    for (index_t i0 = 0; i0 < a.nq; i0 += mk::br)
+      for (index_t h = 0; h < H; ++h) {
+        const index_t ilast = std::min(i0 + mk::br, a.nq) - 1;
+        const index_t kbegin = ck::attn_local_begin(a, i0), kend = ck::attn_local_end(a, ilast);
+        index_t lo_max, hi_min, unused;
+        mk::row_keys(a, ilast, lo_max, unused);
+        mk::row_keys(a, i0, unused, hi_min);
+        if (i0 + mk::br > a.nq) lo_max = mk::none_lo;
+        for (index_t i = i0; i < std::min(i0 + mk::br, a.nq); ++i) {
+          index_t lo, hi;
+          mk::row_keys(a, i, lo, hi);
+          const double l0 = r.lse[static_cast<std::size_t>(i * H + h)];
+          for (index_t j0 = kbegin; j0 < kend; j0 += mk::bc) {
+            const bool full = mk::tile_full(j0, lo_max, hi_min);
+            for (index_t j = j0; j < j0 + mk::bc; ++j) {
+              if (!(full || (j >= lo && j <= hi)) || j >= kend) continue;  // zero K past kend
+              const index_t g = h / group;
+              const double x = score2(dot(in.q, i, h * hd, qc, in.k, kb + j, g * hd, kc));
+              const double p = std::exp2(x - (l0 == -INFINITY ? INFINITY : l0 * log2e));
+              const double dp = dot(in.dout, i, h * hd, qc, in.v, kb + j, g * hd, kc);
+              double ds = p * (dp - dvec[static_cast<std::size_t>(i * H + h)]);
+              if (c.softcap > 0) {
+                const double u = x * ln2 / c.softcap;
+                ds *= 1 - u * u;
+              }
+              for (index_t d = 0; d < hd; ++d)
+                r.dq[static_cast<std::size_t>(i * qc + h * hd + d)] +=
+                    scale * ds * in.k[static_cast<std::size_t>((kb + j) * kc + g * hd + d)];
+            }
+          }
+        }
+      }
+  }
+  return r;
+}
+
+/// Random geometries for the host replay (head_dim 16: the schedules do not depend on it):
+/// query chunks at random q0 with keys past them or short of them, padding, windows up to 260
+/// (past two key tiles: full tiles whose rows' first keys are clamped at 0), packed documents,
+/// key blocks, soft-capping, GQA; tile edges fall everywhere.
+std::vector<attn_case> random_cases(int n, std::uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  auto u = [&](index_t lo, index_t hi) {
+    return std::uniform_int_distribution<index_t>(lo, hi)(gen);
+  };
+  std::vector<attn_case> cs;
+  for (int k = 0; k < n; ++k) {
+    const index_t kv = u(1, 2), heads = kv * u(1, 2);
+    // near tile multiples (64) half of the time: tiles full up to one row or key
+    const index_t nq = std::max<index_t>(1, u(0, 1) ? u(1, 200) : 64 * u(1, 3) + u(-3, 3));
+    const index_t q0 =
+        u(0, 3) == 0 ? 0 : std::max<index_t>(0, u(0, 1) ? u(1, 150) : 64 * u(0, 2) + u(-3, 3));
+    const index_t nk = std::max<index_t>(1, q0 + nq + (u(0, 2) == 0 ? u(-20, 60) : 0));
+    const index_t valid = u(0, 2) == 0 ? u(1, nk) : nk;
+    attn_case c = make_case("random #" + std::to_string(k), {heads, kv, 16}, nq, nk, q0, valid,
+                            u(0, 2) == 0 ? u(1, 260) : 0);
+    if (u(0, 3) == 0) {
+      std::vector<index_t> starts{0};
+      if (q0 + nq > 1)
+        for (index_t d = u(1, 4); d > 0; --d) starts.push_back(u(1, q0 + nq - 1));
+      std::sort(starts.begin(), starts.end());
+      starts.erase(std::unique(starts.begin(), starts.end()), starts.end());
+      c.doc = docs(q0 + nq, starts);
+    }
+    if (u(0, 4) == 0) c.softcap = 3;
+    if (u(0, 3) == 0 && nk > 2) {
+      c.cuts = {0, nk};
+      for (index_t d = u(1, 3); d > 0; --d) c.cuts.push_back(u(1, nk - 1));
+      std::sort(c.cuts.begin(), c.cuts.end());
+      c.cuts.erase(std::unique(c.cuts.begin(), c.cuts.end()), c.cuts.end());
+    }
+    c.name += " (nq " + std::to_string(nq) + ", q0 " + std::to_string(q0) + ", nk " +
+              std::to_string(nk) + ", valid " + std::to_string(valid) + ", window " +
+              std::to_string(c.window) + ", docs " + std::to_string(!c.doc.empty()) + ", blocks " +
+              std::to_string(c.cuts.empty() ? 1 : c.cuts.size() - 1) + ")";
+    cs.push_back(std::move(c));
+  }
+  return cs;
+}
+
 }  // namespace
+
+TEST_SUITE("cuda_host") {
+  TEST_CASE("the tensor-core kernels' schedules, replayed on the host, at random geometries") {
+    // 600 random calls (tile edges everywhere, see random_cases) replayed in double against
+    // reference_backend<double> to 1e-9; only failures print
+    int failures = 0;
+    for (const auto& c : random_cases(600, 30)) {
+      const auto in = inputs_of(c);
+      const auto want = reference(c, in);
+      for (bool det : {false, true}) {
+        const auto got = replay_mma(c, in, det);
+        double worst = 0;
+        for (auto [g, w] : {std::pair{&got.o, &want.o}, std::pair{&got.lse, &want.lse},
+                            std::pair{&got.dq, &want.dq}, std::pair{&got.dk, &want.dk},
+                            std::pair{&got.dv, &want.dv}}) {
+          double num = 0, den = 1e-30;
+          for (std::size_t i = 0; i < g->size(); ++i) {
+            num = std::max(num, std::abs((*g)[i] - (*w)[i]));
+            den = std::max(den, std::abs((*w)[i]));
+          }
+          worst = std::max(worst, std::isfinite(num) ? num / den : INFINITY);
+        }
+        if (!(worst < 1e-9)) {
+          ++failures;
+          compare_all(c.name + (det ? " | replay det" : " | replay"), c, got, want);
+        }
+      }
+    }
+    CHECK(failures == 0);
+  }
+
+  TEST_CASE("the tensor-core kernels' schedules, replayed on the host, equal the reference") {
+    // every feature case: the same tiles, masks and pairs as the kernels (replay_mma), in
+    // double, against reference_backend<double> to 1e-9
+    for (const auto& c : feature_cases()) {
+      CAPTURE(c.name);
+      const auto in = inputs_of(c);
+      const auto want = reference(c, in);
+      for (bool det : {false, true}) {
+        CAPTURE(det);
+        const auto got = replay_mma(c, in, det);
+        CHECK(compare_all(c.name + (det ? " | host replay, deterministic dQ" : " | host replay"), c,
+                          got, want) < 1e-9);
+      }
+    }
+  }
+}
 
 TEST_SUITE("gpu") {
   TEST_CASE("attention engines feature by feature against the reference (bf16, fp32 lse)") {

@@ -178,7 +178,8 @@ __device__ __forceinline__ void load_tile(bf16* tile, const bf16* m, index_t str
 
 /// The key rows [lo, hi] (local to the call's K/V rows, inclusive) query row i sees; none_lo,
 /// none_hi past the last query row (so a tile holding such rows is never "fully visible").
-__device__ __forceinline__ void row_keys(const attn_args& a, index_t i, index_t& lo, index_t& hi) {
+__host__ __device__ __forceinline__ void row_keys(const attn_args& a, index_t i, index_t& lo,
+                                                  index_t& hi) {
   if (i >= a.nq) {
     lo = none_lo;
     hi = none_hi;
@@ -283,7 +284,7 @@ __device__ __forceinline__ void c_to_a(std::uint32_t (&f)[4], const float (&c)[N
 
 /// Whether the key tile [j0, j0 + bc) needs no per-element mask for a tile of query rows whose
 /// visible key rows [lo_i, hi_i] have max lo = lo_max and min hi = hi_min.
-__device__ __forceinline__ bool tile_full(index_t j0, index_t lo_max, index_t hi_min) {
+__host__ __device__ __forceinline__ bool tile_full(index_t j0, index_t lo_max, index_t hi_min) {
   return j0 >= lo_max && j0 + bc - 1 <= hi_min;
 }
 
