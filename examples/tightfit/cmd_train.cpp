@@ -21,6 +21,7 @@
 #include "commands.hpp"
 #include "device_cuda.hpp"
 #include "mpi_launch.hpp"
+#include "output_paths.hpp"
 #include "tightfit/backend/eigen.hpp"
 #include "tightfit/dist/self_communicator.hpp"
 #include "tightfit/dist/zero1.hpp"
@@ -138,6 +139,8 @@ struct args {
 constexpr long long big = 1LL << 62;
 /// Learning rates above this are refused as absurd (they diverge at the first step).
 constexpr double max_lr = 1e3;
+/// The largest LoRA rank (--lora-rank, and r of an --adapter's adapter_config.json).
+constexpr index_t max_lora_rank = 1 << 16;
 
 /// The LoRA configuration of the options (without --adapter); throws tightfit::error naming a bad
 /// value (dropout other than 0, an unknown module).
@@ -238,15 +241,30 @@ void validate(const args& a) {
     throw usage_error{"--order fixed needs --start-block NAME"};
 }
 
-/// The outputs: never an input, writable (usage errors, exit 2).
-void check_paths(const args& a) {
-  path_guard paths;
+/// The file of rank r's share of a sharded (ZeRO-1) state: FILE itself for rank 0 (with the
+/// weights), FILE.rankR for the others.
+std::string shard_path(const std::string& path, int rank) {
+  return rank == 0 ? path : path + ".rank" + std::to_string(rank);
+}
+
+/// The outputs: never an input nor inside an input folder (the model, --adapter), writable
+/// (output_paths.hpp; usage errors, exit 2). `ranks` > 1 (known under MPI only): the other
+/// ranks' shares of --save-state and --resume (FILE.rankR) are outputs and inputs too; every
+/// rank checks all of them, so all ranks refuse together, before any collective.
+void check_paths(const args& a, int ranks = 1) {
+  output_paths paths;
   if (!a.model.empty()) paths.input(a.model);
-  paths.input(a.data);
-  if (!a.resume.empty()) paths.input(a.resume);
+  paths.input_file(a.data);
+  if (!a.resume.empty())
+    for (int r = 0; r < ranks; ++r) paths.input_file(shard_path(a.resume, r));
+  if (!a.adapter.empty()) paths.input_dir(a.adapter);
   if (!a.log.empty()) paths.output_file("--log", a.log);
-  if (!a.save_state.empty()) paths.output_file("--save-state", a.save_state);
-  if (!a.adapter.empty()) paths.input(a.adapter);
+  if (!a.save_state.empty()) {
+    paths.output_file("--save-state", a.save_state);
+    for (int r = 1; r < ranks; ++r)
+      paths.output_file("--save-state (rank " + std::to_string(r) + "'s share)",
+                        shard_path(a.save_state, r));
+  }
   if (!a.save_model.empty()) {
     if (a.optimizer == "lora")
       paths.output_dir("--save-model", a.save_model,
@@ -262,12 +280,6 @@ template <class Opt>
 constexpr bool lora_optimizer_of = requires(Opt& o) {
   o.adapters();
 };
-
-/// The file of rank r's share of a sharded (ZeRO-1) state: FILE itself for rank 0 (with the
-/// weights), FILE.rankR for the others.
-[[maybe_unused]] std::string shard_path(const std::string& path, int rank) {  // with MPI only
-  return rank == 0 ? path : path + ".rank" + std::to_string(rank);
-}
 
 /// A checkpoint resumes on as many ranks as saved it (dist.ranks; absent: one process).
 template <class R>
@@ -369,7 +381,11 @@ int run_training(decoder_model<eigen_backend<T>>& model, const token_dataset& da
   };
   std::optional<json_log> log;
   if (!a.log.empty() && root) log.emplace(a.log);
-  const std::int64_t horizon = opt.steps() + a.steps;  // opt.steps(): done before (resume)
+  // opt.steps(): done before (resume); the run's last step must stay a count (no wrap-around)
+  check(opt.steps() >= 0 && opt.steps() <= big - a.steps, a.resume.empty() ? "" : a.resume + ": ",
+        "the state has done ", opt.steps(), " steps; with --steps ", a.steps,
+        " the run would end past step 2^62 (", big, ")");
+  const std::int64_t horizon = opt.steps() + a.steps;
   check(a.total_steps == 0 || a.total_steps >= horizon, "--total-steps is ", a.total_steps,
         ", but this run ends at step ", horizon);
   const auto sched =
@@ -514,7 +530,7 @@ int train(int argc, char** argv) {
       } else if (f == "--target-modules") {
         a.target_modules = value();
       } else if (f == "--lora-rank") {
-        a.lora_rank = parse_integer(f, value(), 1, 1 << 16);
+        a.lora_rank = parse_integer(f, value(), 1, max_lora_rank);
       } else if (f == "--lora-alpha") {
         a.lora_alpha = parse_real(f, value(), 1e-12, 1e12);
       } else if (f == "--lora-dropout") {
@@ -603,6 +619,7 @@ template <class T, class Comm>
 int run(const args& a, Comm& comm) {
   using backend = eigen_backend<T>;
   constexpr bool parallel = !std::is_same_v<Comm, self_communicator>;
+  if constexpr (parallel) check_paths(a, comm.size());
   eigen_backend_options bopts;
   if (a.deterministic) bopts.attention_backward = attention_backward_strategy::two_pass;
   backend be(bopts);
@@ -611,6 +628,26 @@ int run(const args& a, Comm& comm) {
   // moments (Adam) against memory; a micro-batch's activations against memory.
   const std::filesystem::path model_path = a.model;
   check_model_fits(cfg, sizeof(T), 4, a.model.empty() ? nullptr : &model_path);
+  // LoRA: the adapters' rank and shapes (from the files' headers) and their memory, before any
+  // adapter is allocated
+  std::optional<lora_config> lora;
+  if (a.optimizer == "lora") {
+    lora = a.adapter.empty() ? cli_lora_config(a) : read_peft_config(a.adapter);
+    if (!a.adapter.empty()) {
+      check(lora->rank <= max_lora_rank,
+            (std::filesystem::path(a.adapter) / "adapter_config.json").string(),
+            ": field \"r\" is ", lora->rank, ", more than the largest rank tightfit trains (",
+            max_lora_rank, ")");
+      check_peft_adapter_shapes(a.adapter, cfg, *lora);
+    }
+    const auto values = lora_value_count(cfg, *lora);
+    check(values.has_value(), "the LoRA adapters of rank ", lora->rank,
+          " do not fit in 64-bit counts");
+    check_memory("the LoRA adapters (" + std::to_string(*values) + " values x 4 copies of " +
+                     std::to_string(sizeof(T)) + " bytes)",
+                 checked_product_or_fail("the LoRA adapters' bytes", {*values, 4, sizeof(T)}));
+  }
+  check_token_table_fits(a.data);
   auto table = read_token_table(a.data);
   const token_dataset data(table.rows, table.seq_len, std::move(table.input_ids),
                            std::move(table.labels), std::move(table.position_ids));
@@ -683,10 +720,15 @@ int run(const args& a, Comm& comm) {
   }
   if constexpr (!parallel) {
     if (a.optimizer == "lora") {
-      lora_config lc = a.adapter.empty() ? cli_lora_config(a) : read_peft_config(a.adapter);
+      lora_config lc = *lora;
       lc.seed = a.seed;
       lora_adapters<backend> adapters(model, lc);
-      if (!a.adapter.empty()) load_peft_adapter(a.adapter, adapters);
+      if (!a.adapter.empty()) {
+        load_peft_adapter(a.adapter, adapters);
+        check_finite_weights(
+            adapters.parameters(),
+            (std::filesystem::path(a.adapter) / "adapter_model.safetensors").string());
+      }
       adamw_update_rule w;
       if (a.lr) w.lr = *a.lr;
       lora_optimizer<backend> opt(adapters, w, a.clip);

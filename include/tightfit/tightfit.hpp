@@ -1,6 +1,6 @@
 // tightfit/tightfit.hpp: the umbrella header. Includes every component whose dependencies the
-// including translation unit can see (Eigen, nanoflann, nlohmann-json are detected with
-// __has_include; link the matching tightfit:: targets).
+// including translation unit can see (Eigen, nanoflann, nlohmann-json, PCRE2 and utf8proc are
+// detected with __has_include; link the matching tightfit:: targets).
 #pragma once
 
 #include "tightfit/backend/concept.hpp"
@@ -25,6 +25,7 @@
 #include "tightfit/stream/backward.hpp"
 #include "tightfit/stream/forward.hpp"
 #include "tightfit/stream/head.hpp"
+#include "tightfit/stream/packing.hpp"
 #include "tightfit/stream/planner.hpp"
 
 #if __has_include(<Eigen/Core>)
@@ -38,4 +39,9 @@
 #include "tightfit/io/safetensors.hpp"
 #include "tightfit/io/token_file.hpp"
 #include "tightfit/nn/hf_model.hpp"
+#endif
+#if __has_include(<nlohmann/json.hpp>) && __has_include(<pcre2.h>) && __has_include(<utf8proc.h>)
+#include "tightfit/text/chat.hpp"
+#include "tightfit/text/examples.hpp"
+#include "tightfit/text/tokenizer.hpp"
 #endif

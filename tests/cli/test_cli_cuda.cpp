@@ -4,10 +4,10 @@
 //    1 with the backend's one-line "no CUDA device" error, before writing anything;
 //  - "cli_cuda_gpu" (ctest cli_cuda_gpu, label gpu): the CPU tool (--dtype f64) and the GPU tool
 //    on the same random model and padded batch, for full and stream: the JSON lines carry the
-//    same keys, and the losses and every gradient in the --out files agree, f32 to 1e-4 and
-//    bf16 to 2e-2 (the loss) and 1.25x PyTorch's largest bf16 error on the config
-//    (support/bf16_yardstick.hpp; gradients) relative (max abs difference / max abs CPU value,
-//    per tensor); and `tightfit
+//    same keys, and the losses and every gradient in the --out files agree (relative: max abs
+//    difference / max abs CPU value, per tensor), f32 to 1e-4, bf16 to 2e-2 (the loss) and
+//    1.25x PyTorch's largest bf16 error on the config (gradients, support/bf16_yardstick.hpp);
+//    outputs go to their own scratch folder, never under the model directory; and `tightfit
 //    train --device cuda` against the CPU tool (--dtype f64) for sgd and adamw: the same summary
 //    line, every logged loss to 1e-4 relative, the saved weights to 1e-4 (sgd) and 1e-3 (adamw)
 //    relative per tensor; `train --device cuda --dtype bf16` (adamw, fp32 master weights) against
@@ -61,6 +61,7 @@ bool have_device() {
 /// A random model directory (GQA 8/2 heads of 16, q/k-norm, untied) and a padded sft batch.
 struct fixture {
   fs::path dir = cli_testing::scratch("cuda_model");
+  fs::path outputs = cli_testing::scratch("cuda_out");  // never under the model directory
   model_config cfg = testing::small_gqa_config(301);
   fs::path batch = dir / "batch.safetensors";
   fixture() {
@@ -118,7 +119,7 @@ std::vector<double> logged_losses(const fs::path& log) {
 TEST_SUITE("cli_cuda_host") {
   TEST_CASE("grad --device cuda with no visible device: exit 1, the backend's error, no output") {
     fixture f;
-    const auto out = f.dir / "none.safetensors";
+    const auto out = f.outputs / "none.safetensors";
     const auto r = cli_testing::run_with(
         "CUDA_VISIBLE_DEVICES= ",
         "grad --device cuda --model " + q(f.dir) + " --batch " + q(f.batch) + " --out " + q(out));
@@ -131,7 +132,7 @@ TEST_SUITE("cli_cuda_host") {
 
   TEST_CASE("train --dtype bf16 and bench --device cuda with no visible device: exit 1 first") {
     fixture f;
-    const auto out = f.dir / "none_trained";
+    const auto out = f.outputs / "none_trained";
     const auto missing = f.dir / "no_such.safetensors";
     const std::string train_args = "train --device cuda --dtype bf16 --optimizer adamw --model " +
                                    q(f.dir) + " --data " + q(missing) + " --save-model " + q(out);
@@ -140,7 +141,7 @@ TEST_SUITE("cli_cuda_host") {
     CHECK(t.out.empty());
     CHECK(t.err.find("--device cuda: no CUDA device is available") != std::string::npos);
     CHECK(!fs::exists(out));
-    const auto csv = f.dir / "none.csv";
+    const auto csv = f.outputs / "none.csv";
     const auto b = cli_testing::run_with(
         "CUDA_VISIBLE_DEVICES= ",
         "bench stream --device cuda --dtype bf16 --preset small --seq 64 --csv " + q(csv));
@@ -216,11 +217,11 @@ TEST_SUITE("cli_cuda_gpu") {
     const std::string common = "train --model " + q(f.dir) + " --data " + q(data) +
                                " --optimizer adamw --lr 3e-3 --steps 4 --batch 6 --sched stream "
                                "--chunk 7 --clip 5 --quiet";
-    const auto cpu_log = f.dir / "cpu_bf16ref.jsonl", gpu_log = f.dir / "gpu_bf16.jsonl";
+    const auto cpu_log = f.outputs / "cpu_bf16ref.jsonl", gpu_log = f.outputs / "gpu_bf16.jsonl";
     const auto cpu = run(common + " --dtype f32 --log " + q(cpu_log));
     INFO(cpu.err);
     REQUIRE(cpu.code == 0);
-    const auto gpu_dir = f.dir / "gpu_bf16";
+    const auto gpu_dir = f.outputs / "gpu_bf16";
     const auto gpu = run(common + " --device cuda --dtype bf16 --log " + q(gpu_log) +
                          " --save-model " + q(gpu_dir));
     INFO(gpu.err);
@@ -243,12 +244,12 @@ TEST_SUITE("cli_cuda_gpu") {
     for (const std::string sched : {"full", "stream"}) {
       CAPTURE(sched);
       const std::string common = "--schedule " + sched + (sched == "stream" ? " --chunk 16" : "");
-      const auto cpu_file = f.dir / ("cpu_" + sched + ".safetensors");
+      const auto cpu_file = f.outputs / ("cpu_" + sched + ".safetensors");
       const auto cpu = f.grad(common + " --dtype f64", cpu_file);
       const auto cpu_grads = safetensors_file::open(cpu_file);
       for (const auto& [dtype, tol] : {std::pair{"f32", 1e-4}, std::pair{"bf16", 2e-2}}) {
         CAPTURE(dtype);
-        const auto gpu_file = f.dir / ("gpu_" + sched + "_" + dtype + ".safetensors");
+        const auto gpu_file = f.outputs / ("gpu_" + sched + "_" + dtype + ".safetensors");
         const auto gpu = f.grad(common + " --device cuda --dtype " + dtype, gpu_file);
         for (const auto& [key, value] : cpu.items()) {
           CAPTURE(key);
@@ -284,9 +285,9 @@ TEST_SUITE("cli_cuda_gpu") {
                                  " --steps 3 --batch 2 --sched stream --chunk 7 --clip 5 "
                                  "--schedule cosine --quiet";
       const auto tag = std::string(optimizer);
-      const auto cpu_dir = f.dir / ("cpu_" + tag), gpu_dir = f.dir / ("gpu_" + tag);
-      const auto cpu_log = f.dir / ("cpu_" + tag + ".jsonl"),
-                 gpu_log = f.dir / ("gpu_" + tag + ".jsonl");
+      const auto cpu_dir = f.outputs / ("cpu_" + tag), gpu_dir = f.outputs / ("gpu_" + tag);
+      const auto cpu_log = f.outputs / ("cpu_" + tag + ".jsonl"),
+                 gpu_log = f.outputs / ("gpu_" + tag + ".jsonl");
       const auto cpu =
           run(common + " --dtype f64 --log " + q(cpu_log) + " --save-model " + q(cpu_dir));
       INFO(cpu.err);

@@ -107,7 +107,7 @@ requires(std::is_same_v<Storage, float> ||
   using S = Storage;
   using F = float;
 
-  explicit cuda_backend(cuda_backend_options options = {})
+  explicit cuda_backend(const cuda_backend_options& options = {})
       : options_(options),
         engine_(detail::resolve_attention_engine(options.attention,
                                                  std::getenv("TIGHTFIT_CUDA_ATTENTION"))),

@@ -19,13 +19,16 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tightfit/backend/concept.hpp"
 #include "tightfit/core/error.hpp"
+#include "tightfit/core/limits.hpp"
 #include "tightfit/nn/adapters.hpp"
 #include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/model.hpp"
@@ -106,6 +109,49 @@ inline std::string peft_lora_name(index_t l, projection p, char which) {
          std::string(1, which) + ".weight";
 }
 
+/// The (out, in) extents of projection p's weight in a model of `mc`: LoRA's A is (r, in), B is
+/// (out, r).
+inline std::pair<index_t, index_t> projection_extents(const model_config& mc, projection p) {
+  const index_t d = mc.hidden_size, q = mc.q_width(), kv = mc.kv_width();
+  const index_t f = mc.intermediate_size;
+  switch (p) {
+    case projection::q_proj:
+      return {q, d};
+    case projection::k_proj:
+    case projection::v_proj:
+      return {kv, d};
+    case projection::o_proj:
+      return {d, q};
+    case projection::gate_proj:
+    case projection::up_proj:
+      return {f, d};
+    case projection::down_proj:
+      return {d, f};
+  }
+  return {0, 0};
+}
+
+/// The number of adapter values (A and B of every target of every layer) of `cfg` on a model of
+/// `mc`, or nullopt when it does not fit in 64 bits: what lora_adapters allocates per copy.
+inline std::optional<std::uint64_t> lora_value_count(const model_config& mc,
+                                                     const lora_config& cfg) {
+  std::uint64_t total = 0;
+  for (projection p : cfg.projections()) {
+    const auto [out, in] = projection_extents(mc, p);
+    const auto per_layer =
+        checked_product({static_cast<std::uint64_t>(cfg.rank),
+                         static_cast<std::uint64_t>(in) + static_cast<std::uint64_t>(out)});
+    if (!per_layer) return std::nullopt;
+    const auto all =
+        checked_product({*per_layer, static_cast<std::uint64_t>(mc.num_hidden_layers)});
+    if (!all) return std::nullopt;
+    const auto sum = checked_sum(total, *all);
+    if (!sum) return std::nullopt;
+    total = *sum;
+  }
+  return total;
+}
+
 /// The LoRA adapters of a decoder model: owns them, binds them to the model's layers.
 template <TransformerBackend B>
 class lora_adapters {
@@ -117,8 +163,6 @@ class lora_adapters {
       : model_(&model), cfg_(std::move(config)), params_(model.backend()) {
     cfg_.validate();
     const model_config& mc = model.config();
-    const index_t d = mc.hidden_size, q = mc.q_width(), kv = mc.kv_width();
-    const index_t f = mc.intermediate_size;
     targets_ = cfg_.projections();
     for (index_t l = 0; l < mc.num_hidden_layers; ++l) {
       lora_binding<B> b;
@@ -126,26 +170,7 @@ class lora_adapters {
       b.rank = cfg_.rank;
       b.scale = cfg_.scale();
       for (projection p : targets_) {
-        index_t out = 0, in = 0;
-        switch (p) {
-          case projection::q_proj:
-            out = q, in = d;
-            break;
-          case projection::k_proj:
-          case projection::v_proj:
-            out = kv, in = d;
-            break;
-          case projection::o_proj:
-            out = d, in = q;
-            break;
-          case projection::gate_proj:
-          case projection::up_proj:
-            out = f, in = d;
-            break;
-          case projection::down_proj:
-            out = d, in = f;
-            break;
-        }
+        const auto [out, in] = projection_extents(mc, p);
         const auto k = static_cast<std::size_t>(p);
         b.a[k] =
             static_cast<std::ptrdiff_t>(params_.add(peft_lora_name(l, p, 'A'), {cfg_.rank, in}));
