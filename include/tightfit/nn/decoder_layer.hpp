@@ -112,6 +112,7 @@ class decoder_layer {
   using T = storage_t<B>;
   using A = accum_t<B>;
   using buffer = buffer_t<B>;
+  using stat_buffer = accum_buffer_t<B>;  ///< rstd, lse: accum_t
 
   decoder_layer(parameter_set<B>& params, const model_config& config, index_t layer_index)
       : w_(params),
@@ -284,7 +285,7 @@ class decoder_layer {
                   shape, a.q.view(n, qw).row_range(b * c, (b + 1) * c), keys, vals,
                   matrix_view<const T>(ring_->o.view(rows, qw).row_range(o0, o0 + c)),
                   matrix_view<const T>(ring_->d_o.view(rows, qw).row_range(o0, o0 + c)),
-                  matrix_view<const T>(ring_->lse.view(rows, h).row_range(o0, o0 + c)), m, scale,
+                  matrix_view<const A>(ring_->lse.view(rows, h).row_range(o0, o0 + c)), m, scale,
                   dq.view(n, qw).row_range(b * c, (b + 1) * c),
                   kv.dk.view(travel, kvw).row_range(k_r0, k_r1),
                   kv.dv.view(travel, kvw).row_range(k_r0, k_r1));
@@ -336,15 +337,15 @@ class decoder_layer {
     buffer x;                 // (n, d) gathered input (empty when the chunk is the whole batch)
     matrix_view<const T> xv;  // (n, d) view of the input rows
     buffer h1;                // (n, d)
-    buffer rstd1;             // (n)
+    stat_buffer rstd1;        // (n)
     buffer q_raw;             // (n, H*hd) before q-norm (only with qk_norm)
-    buffer rstd_q;            // (n*H)
+    stat_buffer rstd_q;       // (n*H)
     buffer q;                 // (n, H*hd) after q-norm and RoPE
     buffer o;                 // (n, H*hd) attention output
-    buffer lse;               // (n, H)
+    stat_buffer lse;          // (n, H)
     buffer x2;                // (n, d) residual after attention
     buffer h2;                // (n, d)
-    buffer rstd2;             // (n)
+    stat_buffer rstd2;        // (n)
     buffer gate;              // (n, f)
     buffer up;                // (n, f)
     buffer act;               // (n, f) silu(gate) * up
@@ -352,9 +353,9 @@ class decoder_layer {
 
   /// The own rows' attention over a sequence shard's K/V ring (forward_shard, the backward).
   struct ring_state {
-    buffer o;    // (B*Tl, H*hd) attention output, merged over the ring's blocks
-    buffer lse;  // (B*Tl, H)
-    buffer d_o;  // (B*Tl, H*hd) its gradient (backward_chunk, then end_backward_shard)
+    buffer o;         // (B*Tl, H*hd) attention output, merged over the ring's blocks
+    stat_buffer lse;  // (B*Tl, H)
+    buffer d_o;       // (B*Tl, H*hd) its gradient (backward_chunk, then end_backward_shard)
   };
 
   /// K/V of the own rows in the ring's block layout: k, v (B*max_local, Hkv*hd) whose first
@@ -402,7 +403,7 @@ class decoder_layer {
     shard_chunk_ = std::max<index_t>(1, chunk);
     ring_.emplace();
     ring_->o = be.template allocate<T>(rows * qw);   // (B*Tl, H*hd)
-    ring_->lse = be.template allocate<T>(rows * h);  // (B*Tl, H)
+    ring_->lse = be.template allocate<A>(rows * h);  // (B*Tl, H)
     be.fill(ring_->o.view(rows, qw), A(0));
     be.fill(ring_->lse.view(rows, h), -std::numeric_limits<A>::infinity());
     kv_state kv = ring_kv(be, seq, x, travel);
@@ -415,8 +416,8 @@ class decoder_layer {
         chunk_acts a = make_acts(be, seq, x, c0, c1);
         project_q(be, seq, a, c0, c1);
         const index_t n = a.n, c = c1 - c0, l0 = local_start(c0, c1);
-        buffer ob = be.template allocate<T>(c * qw);  // (c, H*hd) one piece's output
-        buffer lb = be.template allocate<T>(c * h);   // (c, H)
+        buffer ob = be.template allocate<T>(c * qw);      // (c, H*hd) one piece's output
+        stat_buffer lb = be.template allocate<A>(c * h);  // (c, H)
         for_each_block_piece(
             seq, held, kv, travel, c1,
             [&](index_t b, index_t p0, auto keys, auto vals, index_t, index_t) {
@@ -429,7 +430,7 @@ class decoder_layer {
               attention_merge(be, h, hd, ring_->o.view(rows, qw).row_range(o0, o0 + c),
                               ring_->lse.view(rows, h).row_range(o0, o0 + c),
                               matrix_view<const T>(ob.view(c, qw)),
-                              matrix_view<const T>(lb.view(c, h)));
+                              matrix_view<const A>(lb.view(c, h)));
             });
       });
       if (round + 1 < ring.size()) {
@@ -505,16 +506,19 @@ class decoder_layer {
           ") is not inside one block of this rank's sequence shard");
     return k->local0 + (c0 - k->p0);
   }
-  void gather_x(B& be, const sequence_batch& seq, index_t c0, index_t c1, matrix_view<const T> src,
-                matrix_view<T> dst) const {
-    if (!shard_) return gather_rows(be, seq, c0, c1, src, dst);
+  /// U: T, or A for the statistics.
+  template <class U>
+  void gather_x(B& be, const sequence_batch& seq, index_t c0, index_t c1,
+                std::type_identity_t<matrix_view<const U>> src, matrix_view<U> dst) const {
+    if (!shard_) return gather_rows<B, U>(be, seq, c0, c1, src, dst);
     const index_t l0 = local_start(c0, c1), c = c1 - c0, tl = shard_->local_len();
     for (index_t b = 0; b < seq.batch; ++b)
       be.copy(src.row_range(b * tl + l0, b * tl + l0 + c), dst.row_range(b * c, (b + 1) * c));
   }
-  void scatter_x(B& be, const sequence_batch& seq, index_t c0, index_t c1, matrix_view<const T> src,
-                 matrix_view<T> dst) const {
-    if (!shard_) return scatter_rows(be, seq, c0, c1, src, dst);
+  template <class U>
+  void scatter_x(B& be, const sequence_batch& seq, index_t c0, index_t c1,
+                 std::type_identity_t<matrix_view<const U>> src, matrix_view<U> dst) const {
+    if (!shard_) return scatter_rows<B, U>(be, seq, c0, c1, src, dst);
     const index_t l0 = local_start(c0, c1), c = c1 - c0, tl = shard_->local_len();
     for (index_t b = 0; b < seq.batch; ++b)
       be.copy(src.row_range(b * c, (b + 1) * c), dst.row_range(b * tl + l0, b * tl + l0 + c));
@@ -523,13 +527,15 @@ class decoder_layer {
   struct row_map {
     const decoder_layer* layer;
     index_t rows(const sequence_batch& seq) const { return layer->local_rows(seq); }
-    void gather(B& be, const sequence_batch& seq, index_t c0, index_t c1, matrix_view<const T> src,
-                matrix_view<T> dst) const {
-      layer->gather_x(be, seq, c0, c1, src, dst);
+    template <class U>
+    void gather(B& be, const sequence_batch& seq, index_t c0, index_t c1,
+                std::type_identity_t<matrix_view<const U>> src, matrix_view<U> dst) const {
+      layer->template gather_x<U>(be, seq, c0, c1, src, dst);
     }
-    void scatter(B& be, const sequence_batch& seq, index_t c0, index_t c1, matrix_view<const T> src,
-                 matrix_view<T> dst) const {
-      layer->scatter_x(be, seq, c0, c1, src, dst);
+    template <class U>
+    void scatter(B& be, const sequence_batch& seq, index_t c0, index_t c1,
+                 std::type_identity_t<matrix_view<const U>> src, matrix_view<U> dst) const {
+      layer->template scatter_x<U>(be, seq, c0, c1, src, dst);
     }
   };
 
@@ -624,7 +630,7 @@ class decoder_layer {
       a.xv = a.x.view(a.n, d);
     }
     a.h1 = be.template allocate<T>(a.n * d);
-    a.rstd1 = be.template allocate<T>(a.n);
+    a.rstd1 = be.template allocate<A>(a.n);
     be.rmsnorm_forward(a.xv, w_.vec(ids_.input_norm), A(cfg_.rms_norm_eps), a.h1.view(a.n, d),
                        a.rstd1.span());
     return a;
@@ -658,7 +664,7 @@ class decoder_layer {
     a.q = be.template allocate<T>(n * qw);
     if (cfg_.qk_norm) {
       a.q_raw = be.template allocate<T>(n * qw);
-      a.rstd_q = be.template allocate<T>(n * h);
+      a.rstd_q = be.template allocate<A>(n * h);
       w_.linear(be, ids_.q_proj, h1, a.q_raw.view(n, qw), A(0));
       if (cfg_.qkv_bias) add_bias(be, ids_.q_bias, a.q_raw.view(n, qw));
       lora_forward(be, projection::q_proj, h1, a.q_raw.view(n, qw));
@@ -676,12 +682,12 @@ class decoder_layer {
     const index_t n = a.n, d = cfg_.hidden_size, qw = cfg_.q_width();
     const index_t h = cfg_.num_attention_heads, f = cfg_.intermediate_size;
     a.o = be.template allocate<T>(n * qw);
-    a.lse = be.template allocate<T>(n * h);
+    a.lse = be.template allocate<A>(n * h);
     if (ring_) {  // over a sequence shard: the ring's merged attention rows (forward_shard)
       gather_x(be, seq, c0, c1, matrix_view<const T>(ring_->o.view(local_rows(seq), qw)),
                a.o.view(n, qw));
-      gather_x(be, seq, c0, c1, matrix_view<const T>(ring_->lse.view(local_rows(seq), h)),
-               a.lse.view(n, h));
+      gather_x<A>(be, seq, c0, c1, matrix_view<const A>(ring_->lse.view(local_rows(seq), h)),
+                  a.lse.view(n, h));
     } else {  // each sequence's chunk queries against its key prefix [0, c1)
       project_q(be, seq, a, c0, c1);
       detail::attend_forward(be, seq, cfg_, pos_, kv, matrix_view<const T>(a.q.view(n, qw)),
@@ -695,7 +701,7 @@ class decoder_layer {
     lora_forward(be, projection::o_proj, a.o.view(n, qw), a.x2.view(n, d));
     // MLP input
     a.h2 = be.template allocate<T>(n * d);
-    a.rstd2 = be.template allocate<T>(n);
+    a.rstd2 = be.template allocate<A>(n);
     be.rmsnorm_forward(a.x2.view(n, d), w_.vec(ids_.post_norm), A(cfg_.rms_norm_eps),
                        a.h2.view(n, d), a.rstd2.span());
     a.gate = be.template allocate<T>(n * f);
@@ -774,7 +780,7 @@ class decoder_layer {
       detail::attend_backward(be, seq, cfg_, pos_, *kv_, matrix_view<const T>(a.q.view(n, qw)),
                               matrix_view<const T>(a.o.view(n, qw)),
                               matrix_view<const T>(dout.view(n, qw)),
-                              matrix_view<const T>(a.lse.view(n, h)), dq.view(n, qw), c0, c1);
+                              matrix_view<const A>(a.lse.view(n, h)), dq.view(n, qw), c0, c1);
     }
     a.o.reset();
     a.lse.reset();

@@ -90,6 +90,7 @@ class gemma_layer {
   using T = storage_t<B>;
   using A = accum_t<B>;
   using buffer = buffer_t<B>;
+  using stat_buffer = accum_buffer_t<B>;  ///< rstd, lse: accum_t
 
   gemma_layer(parameter_set<B>& params, const model_config& config, index_t layer_index)
       : w_(params),
@@ -200,22 +201,22 @@ class gemma_layer {
     buffer x;                 // (n, d) gathered input (empty when the chunk is the whole batch)
     matrix_view<const T> xv;  // (n, d) view of the input rows
     buffer h1;                // (n, d)
-    buffer rstd1;             // (n)
+    stat_buffer rstd1;        // (n)
     buffer q_raw;             // (n, H*hd) before q-norm (only with qk_norm)
-    buffer rstd_q;            // (n*H)
+    stat_buffer rstd_q;       // (n*H)
     buffer q;                 // (n, H*hd) after q-norm and RoPE
     buffer o;                 // (n, H*hd) attention output
-    buffer lse;               // (n, H)
+    stat_buffer lse;          // (n, H)
     buffer ao;                // (n, d) o Wo^T, before post_attention_layernorm
-    buffer rstd_a;            // (n)
+    stat_buffer rstd_a;       // (n)
     buffer x2;                // (n, d) residual after attention
     buffer h2;                // (n, d)
-    buffer rstd2;             // (n)
+    stat_buffer rstd2;        // (n)
     buffer gate;              // (n, f)
     buffer up;                // (n, f)
     buffer act;               // (n, f) gelu_tanh(gate) * up
     buffer m;                 // (n, d) act Wd^T, before post_feedforward_layernorm
-    buffer rstd_m;            // (n)
+    stat_buffer rstd_m;       // (n)
     buffer y;                 // (n, d) the chunk's output rows, until scattered
   };
 
@@ -254,7 +255,7 @@ class gemma_layer {
       a.xv = a.x.view(a.n, d);
     }
     a.h1 = be.template allocate<T>(a.n * d);
-    a.rstd1 = be.template allocate<T>(a.n);
+    a.rstd1 = be.template allocate<A>(a.n);
     be.rmsnorm_forward(a.xv, ns.input.scale(), A(cfg_.rms_norm_eps), a.h1.view(a.n, d),
                        a.rstd1.span());
     return a;
@@ -282,27 +283,27 @@ class gemma_layer {
     a.q = be.template allocate<T>(n * qw);
     if (cfg_.qk_norm) {
       a.q_raw = be.template allocate<T>(n * qw);
-      a.rstd_q = be.template allocate<T>(n * h);
+      a.rstd_q = be.template allocate<A>(n * h);
       w_.linear(be, ids_.q_proj, h1, a.q_raw.view(n, qw), A(0));
     } else {
       w_.linear(be, ids_.q_proj, h1, a.q.view(n, qw), A(0));
     }
     detail::finish_q(be, seq, cfg_, pos_, ns.q.scale(), a.q_raw, a.rstd_q, a.q, c0, c1);
     a.o = be.template allocate<T>(n * qw);
-    a.lse = be.template allocate<T>(n * h);
+    a.lse = be.template allocate<A>(n * h);
     detail::attend_forward(be, seq, cfg_, pos_, kv, matrix_view<const T>(a.q.view(n, qw)),
                            a.o.view(n, qw), a.lse.view(n, h), c0, c1);
     // x2 = x + N(o Wo^T; post_attention_layernorm)
     a.ao = be.template allocate<T>(n * d);
     w_.linear(be, ids_.o_proj, a.o.view(n, qw), a.ao.view(n, d), A(0));
     a.x2 = be.template allocate<T>(n * d);
-    a.rstd_a = be.template allocate<T>(n);
+    a.rstd_a = be.template allocate<A>(n);
     be.rmsnorm_forward(a.ao.view(n, d), ns.post_attn.scale(), eps, a.x2.view(n, d),
                        a.rstd_a.span());
     be.axpy(A(1), a.xv, a.x2.view(n, d));
     // MLP
     a.h2 = be.template allocate<T>(n * d);
-    a.rstd2 = be.template allocate<T>(n);
+    a.rstd2 = be.template allocate<A>(n);
     be.rmsnorm_forward(a.x2.view(n, d), ns.pre_ff.scale(), eps, a.h2.view(n, d), a.rstd2.span());
     a.gate = be.template allocate<T>(n * f);
     a.up = be.template allocate<T>(n * f);
@@ -311,7 +312,7 @@ class gemma_layer {
     w_.linear(be, ids_.up_proj, a.h2.view(n, d), a.up.view(n, f), A(0));
     be.geglu_forward(a.gate.view(n, f), a.up.view(n, f), a.act.view(n, f));
     a.m = be.template allocate<T>(n * d);
-    a.rstd_m = be.template allocate<T>(n);
+    a.rstd_m = be.template allocate<A>(n);
     w_.linear(be, ids_.down_proj, a.act.view(n, f), a.m.view(n, d), A(0));
     // y = x2 + N(m; post_feedforward_layernorm)
     a.y = be.template allocate<T>(n * d);
@@ -376,7 +377,7 @@ class gemma_layer {
       detail::attend_backward(be, seq, cfg_, pos_, *kv_, matrix_view<const T>(a.q.view(n, qw)),
                               matrix_view<const T>(a.o.view(n, qw)),
                               matrix_view<const T>(dout.view(n, qw)),
-                              matrix_view<const T>(a.lse.view(n, h)), dq.view(n, qw), c0, c1);
+                              matrix_view<const A>(a.lse.view(n, h)), dq.view(n, qw), c0, c1);
     }
     a.o.reset();
     a.lse.reset();
