@@ -444,6 +444,8 @@ TEST_CASE("config.json: unsupported options and malformed input are refused by n
       {patched(patched(llama, "architectures", erase), "model_type", erase),
        "neither \"architectures\" nor \"model_type\""},
       {patched(llama, "model_type", "qwen3"), "model_type \"qwen3\" does not match"},
+      {patched(patched(llama, "architectures", erase), "model_type", 61),  // found by fuzz_config
+       "field \"model_type\" is 61"},
       {patched(llama, "rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}),
        "rope_scaling of type \"llama3\" needs \"low_freq_factor\""},
       {patched(llama, "rope_scaling", {{"type", "longrope"}, {"factor", 2.0}}),

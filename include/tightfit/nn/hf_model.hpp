@@ -267,10 +267,12 @@ inline model_config load_hf_config(const std::filesystem::path& path) {
 inline model_config parse_hf_config(std::string_view text, const std::string& src) {
   nlohmann::json j = io::detail::parse_json_text(text, src);
   check(j.is_object(), src, ": is a JSON ", j.type_name(), ", expected an object");
+  const auto type_field = j.find("model_type");  // any JSON type: checked where it is read
   if (const auto a = j.find("architectures");
       (a != j.end() && a->is_array() && !a->empty() &&
        (*a)[0] == "Gemma3ForConditionalGeneration") ||
-      (a == j.end() && j.value("model_type", "") == "gemma3")) {
+      (a == j.end() && type_field != j.end() && type_field->is_string() &&
+       *type_field == "gemma3")) {
     // the text part of a Gemma 3 vision-language checkpoint: its text_config
     const auto t = j.find("text_config");
     check(t != j.end() && t->is_object(), src,
