@@ -26,6 +26,7 @@
 #include "tightfit/backend/cuda.hpp"
 #include "tightfit/backend/meta.hpp"
 #include "tightfit/loss/sft.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/model.hpp"
 #include "tightfit/nn/presets.hpp"
 #include "tightfit/stream/backward.hpp"
@@ -150,7 +151,7 @@ void planner(report& r, const options& o) {
   const model_config cfg = qwen3_4b(36);
   // parameters + gradients in bf16 (tied embeddings: one table)
   meta_backend<float> mb;
-  decoder_model<meta_backend<float>> counted(mb, cfg);
+  llama_model<meta_backend<float>> counted(mb, cfg);
   std::size_t numel = 0;
   for (std::size_t i = 0; i < counted.parameters().size(); ++i)
     numel += static_cast<std::size_t>(counted.parameters().numel(i));
@@ -182,7 +183,7 @@ void model_times(report& r, const options& o) {
   const backward_schedule schedules[2] = {backward_schedule::checkpoint, backward_schedule::stream};
   for (int s = 0; s < 2; ++s) {
     cuda_backend<bf16> be;
-    decoder_model<cuda_backend<bf16>> model(be, cfg);
+    llama_model<cuda_backend<bf16>> model(be, cfg);
     model.init_random(11);
     sft_loss loss;
     backward_options opt;

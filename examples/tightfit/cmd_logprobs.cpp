@@ -18,6 +18,7 @@
 #include "commands.hpp"
 #include "tightfit/backend/eigen.hpp"
 #include "tightfit/io/safetensors.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/hf_model.hpp"
 #include "tightfit/stream/forward.hpp"
 
@@ -68,7 +69,7 @@ int run_logprobs(const arguments& a, const std::string& objective) {
   const model_config cfg = load_hf_config(model_dir);
   check_model_fits(cfg, sizeof(T), 1, &model_dir);  // weights only: no gradients
   backend be;
-  decoder_model<backend> model(be, cfg);
+  llama_model<backend> model(be, cfg);
   load_hf_weights(model_dir, model.parameters());
   check_finite_weights(model.parameters(), model_dir.string());
 

@@ -10,6 +10,7 @@
 
 #include "cli_testing.hpp"
 #include "stream/stream_testing.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/hf_model.hpp"
 
 namespace tightfit::cli_testing {
@@ -26,7 +27,7 @@ struct model_fixture {
         cfg(testing::tiny_config(4, 2, true, false, layers)) {
     fs::create_directories(model);
     ref be;
-    decoder_model<ref> m(be, cfg);
+    llama_model<ref> m(be, cfg);
     m.init_random(5, 0.1);
     save_hf_config(cfg, model);
     save_hf_weights(model, m.parameters());
@@ -34,7 +35,7 @@ struct model_fixture {
   /// The parameter values of a model directory, in the model's parameter order.
   std::vector<std::vector<double>> weights(const fs::path& d) const {
     ref be;
-    decoder_model<ref> m(be, load_hf_config(d));
+    llama_model<ref> m(be, load_hf_config(d));
     load_hf_weights(d, m.parameters());
     std::vector<std::vector<double>> out;
     for (std::size_t i = 0; i < m.parameters().size(); ++i) {

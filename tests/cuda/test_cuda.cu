@@ -24,6 +24,7 @@
 #include "tightfit/backend/cuda.hpp"
 #include "tightfit/backend/reference.hpp"
 #include "tightfit/loss/sft.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/model.hpp"
 #include "tightfit/stream/backward.hpp"
 
@@ -609,7 +610,7 @@ TEST_SUITE("gpu") {
     auto run = [&](auto& be, backward_schedule s, index_t chunk) {
       using B = std::remove_reference_t<decltype(be)>;
       using T = storage_t<B>;
-      decoder_model<B> model(be, cfg);
+      llama_model<B> model(be, cfg);
       model.init_random(7, 0.3, 0.2);
       sft_loss loss;
       backward_options o;

@@ -5,6 +5,7 @@
 
 #include "stream_testing.hpp"
 #include "support/testing.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/presets.hpp"
 #include "tightfit/stream/planner.hpp"
 
@@ -25,7 +26,7 @@ TEST_CASE("predicted peak activation bytes equal the measured ones") {
       o.sched = s;
       o.chunk = 5;
       reference_backend<float> be;
-      decoder_model<reference_backend<float>> model(be, cfg);
+      llama_model<reference_backend<float>> model(be, cfg);
       model.init_random(2);
       sft_loss loss;
       const auto measured = compute_gradients(model, batch.view(), loss, o).peak_activation_bytes;
@@ -112,7 +113,7 @@ TEST_CASE("layer-input spacing: exact gradients for every k, measured peak == pr
   using ref = reference_backend<double>;
   auto run = [&](backward_schedule s, index_t chunk, index_t k, bool embedding_grad) {
     ref be;
-    decoder_model<ref> model(be, cfg);
+    llama_model<ref> model(be, cfg);
     model.init_random(4, 0.3, 0.2);
     backward_options o;
     o.sched = s;
@@ -153,7 +154,7 @@ TEST_CASE("layer-input spacing: exact gradients for every k, measured peak == pr
   bad.sched = backward_schedule::full;
   bad.keep_every = 2;
   ref be;
-  decoder_model<ref> model(be, cfg);
+  llama_model<ref> model(be, cfg);
   sft_loss loss;
   CHECK_THROWS_WITH_AS(compute_gradients(model, batch.view(), loss, bad),
                        doctest::Contains("full schedule keeps every activation"), error);

@@ -4,6 +4,9 @@
 //
 // Each targeted projection W (out, in) of every decoder layer gets A (r, in) and B (out, r); the
 // layer computes y = x W^T (+ b) + s (x A^T) B^T with s = alpha / r (rsLoRA: alpha / sqrt(r)).
+// Any DecoderModel whose layer takes adapters (LoraLayer, nn/adapters.hpp: every layer built on
+// nn/streambp_layer.hpp, or a user's own) gets them; the shapes are those of the base weights
+// "model.layers.N.<module>.weight" in the model's parameters (the layer's parameter table).
 // The adapters live in their own parameter_set under PEFT's tensor names
 // ("base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight"), so that the set is
 // saved as adapter_model.safetensors as is (nn/peft.hpp) and an update rule of optim/ steps it.
@@ -27,8 +30,7 @@
 #include "tightfit/backend/concept.hpp"
 #include "tightfit/core/error.hpp"
 #include "tightfit/nn/adapters.hpp"
-#include "tightfit/nn/decoder_layer.hpp"
-#include "tightfit/nn/model.hpp"
+#include "tightfit/nn/layer.hpp"
 
 namespace tightfit {
 
@@ -107,18 +109,18 @@ inline std::string peft_lora_name(index_t l, projection p, char which) {
 }
 
 /// The LoRA adapters of a decoder model: owns them, binds them to the model's layers.
-template <TransformerBackend B>
+template <DecoderModel M>
+requires LoraLayer<typename M::layer_type, typename M::backend_type>
 class lora_adapters {
  public:
+  using B = typename M::backend_type;
   using T = storage_t<B>;
   using A = accum_t<B>;
 
-  lora_adapters(decoder_model<B>& model, lora_config config)
+  lora_adapters(M& model, lora_config config)
       : model_(&model), cfg_(std::move(config)), params_(model.backend()) {
     cfg_.validate();
     const model_config& mc = model.config();
-    const index_t d = mc.hidden_size, q = mc.q_width(), kv = mc.kv_width();
-    const index_t f = mc.intermediate_size;
     targets_ = cfg_.projections();
     for (index_t l = 0; l < mc.num_hidden_layers; ++l) {
       lora_binding<B> b;
@@ -126,26 +128,10 @@ class lora_adapters {
       b.rank = cfg_.rank;
       b.scale = cfg_.scale();
       for (projection p : targets_) {
-        index_t out = 0, in = 0;
-        switch (p) {
-          case projection::q_proj:
-            out = q, in = d;
-            break;
-          case projection::k_proj:
-          case projection::v_proj:
-            out = kv, in = d;
-            break;
-          case projection::o_proj:
-            out = d, in = q;
-            break;
-          case projection::gate_proj:
-          case projection::up_proj:
-            out = f, in = d;
-            break;
-          case projection::down_proj:
-            out = d, in = f;
-            break;
-        }
+        const auto shape = model.parameters().shape(base_id(l, p));  // (out, in)
+        check(shape.size() == 2, "lora_adapters: parameter '",
+              model.parameters().name(base_id(l, p)), "' is not a matrix");
+        const index_t out = shape[0], in = shape[1];
         const auto k = static_cast<std::size_t>(p);
         b.a[k] =
             static_cast<std::ptrdiff_t>(params_.add(peft_lora_name(l, p, 'A'), {cfg_.rank, in}));
@@ -169,7 +155,7 @@ class lora_adapters {
   /// The adapters: A (r, in) and B (out, r) of every targeted projection, PEFT names.
   parameter_set<B>& parameters() { return params_; }
   const parameter_set<B>& parameters() const { return params_; }
-  decoder_model<B>& model() const { return *model_; }
+  M& model() const { return *model_; }
   /// Whether the layers compute with the adapters (false after merge()).
   bool bound() const { return bound_; }
   /// Positions of layer l's A and B of projection p in parameters().
@@ -238,7 +224,7 @@ class lora_adapters {
     bound_ = false;
   }
 
-  decoder_model<B>* model_;
+  M* model_;
   lora_config cfg_;
   parameter_set<B> params_;
   std::vector<projection> targets_;

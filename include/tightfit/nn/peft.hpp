@@ -72,8 +72,8 @@ inline nlohmann::json peft_adapter_config(const lora_config& cfg, const peft_sav
 
 /// Writes DIR/adapter_model.safetensors (the adapters in their value type) and
 /// DIR/adapter_config.json; creates DIR.
-template <TransformerBackend B>
-void save_peft_adapter(const std::filesystem::path& dir, lora_adapters<B>& adapters,
+template <class M>
+void save_peft_adapter(const std::filesystem::path& dir, lora_adapters<M>& adapters,
                        const peft_save_options& o = {}) {
   std::filesystem::create_directories(dir);
   save_hf_weights(dir / "adapter_model.safetensors", adapters.parameters());
@@ -140,8 +140,8 @@ inline lora_config read_peft_config(const std::filesystem::path& dir) {
 
 /// Loads DIR's adapters into `adapters`, whose configuration must be DIR's (rank, alpha,
 /// rsLoRA, targets: an error names the difference); every tensor must be there with its shape.
-template <TransformerBackend B>
-void load_peft_adapter(const std::filesystem::path& dir, lora_adapters<B>& adapters) {
+template <class M>
+void load_peft_adapter(const std::filesystem::path& dir, lora_adapters<M>& adapters) {
   const lora_config saved = read_peft_config(dir);
   const lora_config& have = adapters.config();
   const std::string src = (dir / "adapter_config.json").string();
@@ -156,8 +156,8 @@ void load_peft_adapter(const std::filesystem::path& dir, lora_adapters<B>& adapt
 }
 
 /// Writes the merged model (call adapters.merge() first): DIR/model.safetensors + config.json.
-template <TransformerBackend B>
-void save_merged_model(const std::filesystem::path& dir, lora_adapters<B>& adapters) {
+template <class M>
+void save_merged_model(const std::filesystem::path& dir, lora_adapters<M>& adapters) {
   check(!adapters.bound(), "save_merged_model: merge the adapters first (lora_adapters::merge)");
   std::filesystem::create_directories(dir);
   save_hf_weights(dir, adapters.model().parameters());
