@@ -14,7 +14,6 @@
 #include "cli_model.hpp"
 #include "cli_testing.hpp"
 #include "tightfit/io/safetensors.hpp"
-#include "tightfit/nn/gemma_layer.hpp"
 #include "tightfit/nn/hf_model.hpp"
 
 using namespace tightfit;
@@ -36,31 +35,9 @@ model_config gemma3_tiny() {
   return c;
 }
 
-/// dir/model (F64 weights, config.json) and a counting data set beside it.
-struct gemma_fixture {
-  using ref = reference_backend<double>;
-  fs::path dir = cli_testing::scratch("gemma");
-  fs::path model = dir / "model";
-  model_config cfg = gemma3_tiny();
-  gemma_fixture() {
-    fs::create_directories(model);
-    ref be;
-    gemma_model<ref> m(be, cfg);
-    m.init_random(5, 0.1, 0.1);
-    save_hf_config(cfg, model);
-    save_hf_weights(model, m.parameters());
-  }
-  std::vector<std::vector<double>> weights(const fs::path& d) const {
-    ref be;
-    gemma_model<ref> m(be, load_hf_config(d));
-    load_hf_weights(d, m.parameters());
-    std::vector<std::vector<double>> out;
-    for (std::size_t i = 0; i < m.parameters().size(); ++i) {
-      const auto v = m.parameters().value(i);
-      out.emplace_back(v.begin(), v.end());
-    }
-    return out;
-  }
+/// A Gemma 3 model directory (cli_model.hpp) and a counting data set beside it.
+struct gemma_fixture : cli_testing::model_fixture {
+  gemma_fixture() : model_fixture("gemma", gemma3_tiny()) {}
   fs::path counting() const {
     const index_t n = 4, t = 16;
     const auto ids = cli_testing::counting_ids(n, t);

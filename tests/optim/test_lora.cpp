@@ -23,6 +23,7 @@
 #include "tightfit/optim/train.hpp"
 
 using namespace tightfit;
+using optim_testing::matmul;
 using optim_testing::ref;
 using tightfit::testing::max_rel_diff;
 using tightfit::testing::random_batch;
@@ -64,25 +65,6 @@ std::vector<double> host(parameter_set<B>& p, std::size_t i) {
 template <class B>
 void set_host(parameter_set<B>& p, std::size_t i, const std::vector<double>& h) {
   std::copy(h.begin(), h.end(), p.value(i).begin());
-}
-
-/// C (m, n) = alpha * X (m, k) Y (k, n), plain loops (the test's own arithmetic).
-std::vector<double> matmul(const std::vector<double>& x, const std::vector<double>& y, index_t m,
-                           index_t k, index_t n, bool tx, bool ty, double alpha) {
-  std::vector<double> c(static_cast<std::size_t>(m * n), 0.0);
-  for (index_t i = 0; i < m; ++i)
-    for (index_t j = 0; j < n; ++j) {
-      double s = 0;
-      for (index_t q = 0; q < k; ++q) {
-        const double xv =
-            tx ? x[static_cast<std::size_t>(q * m + i)] : x[static_cast<std::size_t>(i * k + q)];
-        const double yv =
-            ty ? y[static_cast<std::size_t>(j * k + q)] : y[static_cast<std::size_t>(q * n + j)];
-        s += xv * yv;
-      }
-      c[static_cast<std::size_t>(i * n + j)] = alpha * s;
-    }
-  return c;
 }
 
 model_config lora_test_config(bool biases) {
