@@ -28,6 +28,7 @@
 #include "tightfit/loss/sft.hpp"
 #include "tightfit/nn/adapters.hpp"
 #include "tightfit/nn/architectures.hpp"
+#include "tightfit/nn/block_params.hpp"
 #include "tightfit/nn/config.hpp"
 #include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/gemma_layer.hpp"

@@ -7,10 +7,13 @@
 #pragma once
 
 #include <span>
+#include <utility>
+#include <vector>
 
 #include "tightfit/backend/concept.hpp"
 #include "tightfit/core/types.hpp"
 #include "tightfit/core/view.hpp"
+#include "tightfit/nn/parameters.hpp"
 
 namespace tightfit {
 
@@ -37,6 +40,29 @@ class norm_scale {
   std::span<const T> w_{};
   buffer_t<B> shifted_{};
   bool offset_ = false;
+};
+
+/// The (offset + w) scales of a layer's norms by parameter position (a layer's norms, for one
+/// pass).
+template <DenseBackend B>
+class layer_norms {
+ public:
+  using T = storage_t<B>;
+  layer_norms() = default;
+  /// Scales of parameters `ids` of `params`, made in that order, with config's norm offset.
+  layer_norms(B& be, parameter_set<B>& params, std::span<const std::size_t> ids, double offset) {
+    for (std::size_t id : ids)
+      scales_.emplace_back(id, norm_scale<B>(be, params.value(id), offset));
+  }
+  /// What the RMSNorm kernels read for parameter `id` (empty when the layer has no such norm).
+  std::span<const T> scale(std::size_t id) const {
+    for (const auto& [i, s] : scales_)
+      if (i == id) return s.scale();
+    return {};
+  }
+
+ private:
+  std::vector<std::pair<std::size_t, norm_scale<B>>> scales_;
 };
 
 }  // namespace tightfit

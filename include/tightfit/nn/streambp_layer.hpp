@@ -14,13 +14,13 @@
 //   h2 = N(x2; mlp_norm)
 //   y  = x2 + P_mlp(act(h2 Wg^T + bg, h2 Wu^T + bu) Wd^T + bd)    P_mlp = N(.; mlp_out_norm)
 //
-// What a layer states: Layer::name(),
-// Layer::accept(config) (refuses a config it does not implement), Layer::activation (the gated
-// MLP's: SwiGLU or GeGLU), Layer::post_norms (whether the attention and MLP outputs are normed
-// before the residual add: Gemma; P = identity otherwise: Llama), Layer::table(config) (its
-// parameter table, param_row<Params>: name, shape, slot; its norms are its vectors that are not
-// biases, and their (offset + w) scales are made in table order). Biases are the config's
-// (qkv_bias, o_bias, mlp_bias).
+// What a layer states: Layer::name(), Layer::accept(config) (refuses a config it does not
+// implement), Layer::activation (the gated MLP's: SwiGLU or GeGLU), Layer::post_norms (whether
+// the attention and MLP outputs are normed before the residual add: Gemma; P = identity
+// otherwise: Llama), Layer::table(config) (its parameter table, param_row<block_params>:
+// name, shape, slot, nn/block_params.hpp; its norms are its vectors that are not biases, and
+// their (offset + w) scales are made in table order). Biases are the config's (qkv_bias,
+// o_bias, mlp_bias).
 //
 // Invariants of the backward: K and V of all positions are computed once per layer
 // (begin_backward) and never replicated per query head; chunks run last to first, so when chunk
@@ -43,6 +43,7 @@
 #include "tightfit/backend/concept.hpp"
 #include "tightfit/core/error.hpp"
 #include "tightfit/nn/adapters.hpp"
+#include "tightfit/nn/block_params.hpp"
 #include "tightfit/nn/config.hpp"
 #include "tightfit/nn/detail/layer_parts.hpp"
 #include "tightfit/nn/layer.hpp"
@@ -52,97 +53,6 @@
 #include "tightfit/nn/sequence_shard.hpp"
 
 namespace tightfit {
-
-/// One row of a layer's parameter table: name, shape, and the field of the layer's parameter
-/// struct P that receives its position. Declaration, loading, layer_param_ids and the
-/// optimizers all read this one table.
-template <class P>
-struct param_row {
-  param_spec spec;
-  std::size_t P::*slot;
-};
-
-/// The activation of the block's gated MLP: SwiGLU silu(gate) * up (Llama / Qwen), GeGLU
-/// gelu_tanh(gate) * up (Gemma; the backend's geglu kernels, GemmaBackend).
-enum class glu_activation { silu, gelu_tanh };
-
-/// Positions of a decoder block's parameters in a parameter_set; a layer's table fills the
-/// slots it has. q_norm, k_norm only with
-/// config.qk_norm; q/k/v biases with config.qkv_bias, the o bias with config.o_bias, the MLP's
-/// with config.mlp_bias; attn_out_norm and mlp_out_norm only in a layer with post-norms.
-struct block_params {
-  std::size_t input_norm = 0, q_proj = 0, k_proj = 0, v_proj = 0, o_proj = 0;
-  std::size_t q_norm = 0, k_norm = 0;
-  std::size_t q_bias = 0, k_bias = 0, v_bias = 0, o_bias = 0;
-  std::size_t gate_proj = 0, up_proj = 0, down_proj = 0;
-  std::size_t gate_bias = 0, up_bias = 0, down_bias = 0;
-  std::size_t mlp_norm = 0;       ///< before the MLP
-  std::size_t attn_out_norm = 0;  ///< on the attention output (post-norms)
-  std::size_t mlp_out_norm = 0;   ///< on the MLP output (post-norms)
-
-  /// The attention half's rows of a layer's parameter table: input_layernorm, the q/k/v/o
-  /// projections, their biases (config) and the q/k-norms (config), in Hugging Face's order.
-  static std::vector<param_row<block_params>> attention_rows(const model_config& c);
-  /// The gated MLP's rows: gate_proj, up_proj, down_proj and their biases (config.mlp_bias).
-  static std::vector<param_row<block_params>> mlp_rows(const model_config& c);
-};
-
-inline std::vector<param_row<block_params>> block_params::attention_rows(const model_config& c) {
-  using P = block_params;
-  const index_t d = c.hidden_size, q = c.q_width(), kv = c.kv_width();
-  std::vector<param_row<P>> t{{{"input_layernorm.weight", {d}}, &P::input_norm},
-                              {{"self_attn.q_proj.weight", {q, d}}, &P::q_proj},
-                              {{"self_attn.k_proj.weight", {kv, d}}, &P::k_proj},
-                              {{"self_attn.v_proj.weight", {kv, d}}, &P::v_proj},
-                              {{"self_attn.o_proj.weight", {d, q}}, &P::o_proj}};
-  if (c.qkv_bias) {
-    t.push_back({{"self_attn.q_proj.bias", {q}}, &P::q_bias});
-    t.push_back({{"self_attn.k_proj.bias", {kv}}, &P::k_bias});
-    t.push_back({{"self_attn.v_proj.bias", {kv}}, &P::v_bias});
-  }
-  if (c.o_bias) t.push_back({{"self_attn.o_proj.bias", {d}}, &P::o_bias});
-  if (c.qk_norm) {
-    t.push_back({{"self_attn.q_norm.weight", {c.head_dim}}, &P::q_norm});
-    t.push_back({{"self_attn.k_norm.weight", {c.head_dim}}, &P::k_norm});
-  }
-  return t;
-}
-
-inline std::vector<param_row<block_params>> block_params::mlp_rows(const model_config& c) {
-  using P = block_params;
-  const index_t d = c.hidden_size, f = c.intermediate_size;
-  std::vector<param_row<P>> t{{{"mlp.gate_proj.weight", {f, d}}, &P::gate_proj},
-                              {{"mlp.up_proj.weight", {f, d}}, &P::up_proj},
-                              {{"mlp.down_proj.weight", {d, f}}, &P::down_proj}};
-  if (c.mlp_bias) {
-    t.push_back({{"mlp.gate_proj.bias", {f}}, &P::gate_bias});
-    t.push_back({{"mlp.up_proj.bias", {f}}, &P::up_bias});
-    t.push_back({{"mlp.down_proj.bias", {d}}, &P::down_bias});
-  }
-  return t;
-}
-
-/// The (offset + w) scales of a layer's norms (nn/norm_weight.hpp), by parameter position.
-template <DenseBackend B>
-class layer_norms {
- public:
-  using T = storage_t<B>;
-  layer_norms() = default;
-  /// Scales of parameters `ids` of `params`, made in that order, with config's norm offset.
-  layer_norms(B& be, parameter_set<B>& params, std::span<const std::size_t> ids, double offset) {
-    for (std::size_t id : ids)
-      scales_.emplace_back(id, norm_scale<B>(be, params.value(id), offset));
-  }
-  /// What the RMSNorm kernels read for parameter `id` (empty when the layer has no such norm).
-  std::span<const T> scale(std::size_t id) const {
-    for (const auto& [i, s] : scales_)
-      if (i == id) return s.scale();
-    return {};
-  }
-
- private:
-  std::vector<std::pair<std::size_t, norm_scale<B>>> scales_;
-};
 
 /// Activations of positions [c0, c1) of all sequences (n = B*(c1-c0) gathered rows).
 template <StorageBackend B>
@@ -331,6 +241,25 @@ class streambp_layer : public ring_attention<streambp_layer<Layer, B>, B> {
             A(1), w_.grad(id, 1, dy.cols));
   }
 
+  /// One projection: its weight, bias and adapter.
+  struct proj_ids {
+    std::size_t weight, bias;
+    projection p;
+  };
+  /// Two projections of one input h (n, in), in this order: ya = h Wa^T, yb = h Wb^T, their
+  /// biases (with_bias), their adapters (overwriting ya, yb).
+  void project_pair(B& be, matrix_view<const T> h, proj_ids pa, proj_ids pb, bool with_bias,
+                    matrix_view<T> ya, matrix_view<T> yb) const {
+    w_.linear(be, pa.weight, h, ya, A(0));
+    w_.linear(be, pb.weight, h, yb, A(0));
+    if (with_bias) {
+      add_bias(be, pa.bias, ya);
+      add_bias(be, pb.bias, yb);
+    }
+    lora_forward(be, pa.p, h, ya);
+    lora_forward(be, pb.p, h, yb);
+  }
+
   /// The gated MLP's forward from h2 (n, d): gate, up (n, f) = h Wg^T (+ bg), h Wu^T (+ bu), each
   /// with its adapter, then act (n, f) = the layer's activation of (gate, up).
   void gated_mlp_forward(B& be, matrix_view<const T> h, buffer& gate, buffer& up,
@@ -339,14 +268,9 @@ class streambp_layer : public ring_attention<streambp_layer<Layer, B>, B> {
     gate = be.template allocate<T>(n * f);
     up = be.template allocate<T>(n * f);
     act = be.template allocate<T>(n * f);
-    w_.linear(be, ids_.gate_proj, h, gate.view(n, f), A(0));
-    w_.linear(be, ids_.up_proj, h, up.view(n, f), A(0));
-    if (cfg_.mlp_bias) {
-      add_bias(be, ids_.gate_bias, gate.view(n, f));
-      add_bias(be, ids_.up_bias, up.view(n, f));
-    }
-    lora_forward(be, projection::gate_proj, h, gate.view(n, f));
-    lora_forward(be, projection::up_proj, h, up.view(n, f));
+    project_pair(be, h, {ids_.gate_proj, ids_.gate_bias, projection::gate_proj},
+                 {ids_.up_proj, ids_.up_bias, projection::up_proj}, cfg_.mlp_bias, gate.view(n, f),
+                 up.view(n, f));
     if constexpr (Layer::activation == glu_activation::gelu_tanh)
       be.geglu_forward(gate.view(n, f), up.view(n, f), act.view(n, f));
     else
@@ -557,15 +481,9 @@ class streambp_layer : public ring_attention<streambp_layer<Layer, B>, B> {
     const index_t n = a.n, d = cfg_.hidden_size, kvw = cfg_.kv_width();
     buffer k_c = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
     buffer v_c = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
-    auto h1 = a.h1.view(n, d);
-    w_.linear(be, ids_.k_proj, h1, k_c.view(n, kvw), A(0));
-    w_.linear(be, ids_.v_proj, h1, v_c.view(n, kvw), A(0));
-    if (cfg_.qkv_bias) {
-      add_bias(be, ids_.k_bias, k_c.view(n, kvw));
-      add_bias(be, ids_.v_bias, v_c.view(n, kvw));
-    }
-    lora_forward(be, projection::k_proj, h1, k_c.view(n, kvw));
-    lora_forward(be, projection::v_proj, h1, v_c.view(n, kvw));
+    project_pair(be, a.h1.view(n, d), {ids_.k_proj, ids_.k_bias, projection::k_proj},
+                 {ids_.v_proj, ids_.v_bias, projection::v_proj}, cfg_.qkv_bias, k_c.view(n, kvw),
+                 v_c.view(n, kvw));
     detail::store_kv(be, seq, cfg_, pos_, norm(ids_.k_norm), std::move(k_c), std::move(v_c), c0, c1,
                      kv, this->rows_map());
   }
