@@ -1,5 +1,6 @@
-// libFuzzer target: the bytes are a PLY file read from memory by the same readers as files
-// (tightfit/geometry/cloud_io.hpp: as a stream of known length, and in place as a mapped file). A
+// libFuzzer target: the bytes are a PLY file read by the readers of tightfit/geometry/cloud_io.hpp:
+// as a stream of known length, in place from memory, and as a file read by position (a memfd
+// reached by a .ply path: read_cloud_stored, read_ply). A
 // read either throws tightfit::error or yields finite points: any other exception, a sanitizer
 // report, a leak, a timeout or an allocation beyond the -rss_limit_mb is a finding (sizes must be
 // checked against the length).
@@ -11,6 +12,7 @@
 #include <string>
 #include <variant>
 
+#include "memory_file.hpp"
 #include "tightfit/geometry/cloud_io.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -42,6 +44,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try {
     check_stored(tightfit::geometry::read_ply_stored(
         std::span<const char>(reinterpret_cast<const char*>(data), size), nullptr, "fuzz.ply"));
+  } catch (const tightfit::error&) {
+  }
+  // the file readers (by position), with a point limit that some inputs pass
+  static tightfit::fuzzing::memory_file file(".ply");
+  file.assign(data, size);
+  try {
+    check_stored(tightfit::geometry::read_cloud_stored(file.path(), 1000));
+  } catch (const tightfit::error&) {
+  }
+  try {
+    for (const auto& q : tightfit::geometry::read_ply(file.path()))
+      if (!q.allFinite()) __builtin_trap();
   } catch (const tightfit::error&) {
   }
   return 0;

@@ -11,7 +11,7 @@ Reads the stderr of `TIGHTFIT_BENCH_TRACE=1 tightfit_mebb_bench --bags N --noise
 - how well the scan's own estimates (edge radius, tan alpha) read the generator's;
 - how many outer iterations the bags took;
 - a fit through zero of the face error on the point pitch (faces without a solid-edge depth): on
-  a run with TIGHTFIT_BENCH_OPTIONS=side_offset_pitch=0, the pitch offset that centres the faces.
+  a run with TIGHTFIT_BENCH_OPTIONS=offsets.side_pitch=0, the pitch offset that centres the faces.
 
     TIGHTFIT_BENCH_TRACE=1 build/rel/bench/geometry/tightfit_mebb_bench --bags 200 --noise 1 \
         --no-cgal 2> trace.txt >/dev/null

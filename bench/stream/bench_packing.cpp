@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -18,6 +17,7 @@
 #include "tightfit/nn/model.hpp"
 #include "tightfit/nn/presets.hpp"
 #include "tightfit/stream/backward.hpp"
+#include "tightfit/stream/packing.hpp"
 
 using namespace tightfit;
 
@@ -55,48 +55,27 @@ layout padded(const std::vector<index_t>& lens, index_t vocab) {
   return l;
 }
 
-/// Documents packed first-fit decreasing into rows of the longest document's length.
+/// Documents packed best-fit decreasing (stream/packing.hpp) into rows of the longest document's
+/// length.
 layout packed(const std::vector<index_t>& lens, index_t vocab) {
   layout l;
   l.name = "packed";
   l.seq_len = *std::max_element(lens.begin(), lens.end());
-  std::vector<index_t> order(lens.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](index_t a, index_t b) {
-    return lens[static_cast<std::size_t>(a)] > lens[static_cast<std::size_t>(b)];
-  });
-  std::vector<std::vector<index_t>> rows;
-  std::vector<index_t> used;
-  for (index_t d : order) {
-    const index_t n = lens[static_cast<std::size_t>(d)];
-    std::size_t r = 0;
-    while (r < rows.size() && used[r] + n > l.seq_len) ++r;
-    if (r == rows.size()) {
-      rows.emplace_back();
-      used.push_back(0);
-    }
-    rows[r].push_back(d);
-    used[r] += n;
-  }
-  l.rows = static_cast<index_t>(rows.size());
-  for (std::size_t r = 0; r < rows.size(); ++r) {
-    index_t t0 = 0;
-    for (index_t d : rows[r]) {
-      const index_t n = lens[static_cast<std::size_t>(d)];
-      for (index_t t = 0; t < n; ++t) {
-        l.ids.push_back(token(d, t, vocab));
-        l.targets.push_back(t + 1 < n ? token(d, t + 1, vocab) : ignore_index);
-        l.positions.push_back(t);
-      }
-      t0 += n;
-      l.real_tokens += n;
-    }
-    l.lengths.push_back(t0);
-    for (index_t t = t0; t < l.seq_len; ++t) {  // padding continues the last document
-      l.ids.push_back(0);
-      l.targets.push_back(ignore_index);
-      l.positions.push_back(l.positions.back() + 1);
-    }
+  std::vector<std::vector<token_id>> ids(lens.size());
+  for (std::size_t d = 0; d < lens.size(); ++d)
+    for (index_t t = 0; t < lens[d]; ++t)
+      ids[d].push_back(token(static_cast<index_t>(d), t, vocab));
+  const packing rows = pack_best_fit_decreasing(lens, l.seq_len);
+  const packed_rows p = lay_out_rows(rows, ids, ids, l.seq_len, 0);
+  l.rows = p.rows;
+  l.ids = p.input_ids;
+  l.targets = shift_labels(p.labels, p.rows, p.seq_len);  // a document's last target never counts
+  l.positions = p.position_ids;
+  for (const auto& row : rows) {
+    index_t used = 0;
+    for (const index_t d : row) used += lens[static_cast<std::size_t>(d)];
+    l.lengths.push_back(used);
+    l.real_tokens += used;
   }
   return l;
 }

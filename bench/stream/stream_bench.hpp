@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <sstream>
@@ -516,7 +517,10 @@ inline int stream_bench_main(int argc, char** argv, const std::vector<std::strin
             static_cast<long long>(r.chunk), static_cast<long long>(batch), r.peak_bytes,
             r.predicted_bytes, r.peak_bytes / double(r.seq * batch), r.rss_mib, r.fwd_s,
             r.total_s - r.fwd_s, r.total_s, r.flops / r.total_s / 1e9, r.gemm, r.loss, r.stats_s);
-      std::fclose(f);
+      // a full disk or /dev/full: the rows were not written (exit 1)
+      const bool failed = std::ferror(f) != 0;
+      const int closed = std::fclose(f);
+      check(!failed && closed == 0, "cannot write ", csv, ": ", std::strerror(errno));
       std::printf("wrote %s\n", csv.c_str());
     }
   } catch (const std::exception& e) {

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -19,8 +20,33 @@ struct usage_error {
   std::string message;
 };
 
+/// Whether `text` is a plain decimal number: an optional sign, digits with an optional decimal
+/// point, an optional exponent; nothing else (no spaces, no hexadecimal "0x10", no "inf" or "nan").
+inline bool is_decimal(const std::string& text) {
+  std::size_t i = 0, n = text.size();
+  auto digits = [&] {
+    const std::size_t from = i;
+    while (i < n && text[i] >= '0' && text[i] <= '9') ++i;
+    return i - from;
+  };
+  if (i < n && (text[i] == '+' || text[i] == '-')) ++i;
+  std::size_t mantissa = digits();
+  if (i < n && text[i] == '.') {
+    ++i;
+    mantissa += digits();
+  }
+  if (mantissa == 0) return false;
+  if (i < n && (text[i] == 'e' || text[i] == 'E')) {
+    ++i;
+    if (i < n && (text[i] == '+' || text[i] == '-')) ++i;
+    if (digits() == 0) return false;
+  }
+  return i == n;
+}
+
 /// `text` as a number; anything else (empty, trailing characters) is a usage error naming `key`.
 inline double parse_number(const std::string& key, const std::string& text) {
+  if (!is_decimal(text)) throw usage_error{key + " expects a number, got '" + text + "'"};
   std::size_t used = 0;
   double v = 0;
   try {
@@ -38,6 +64,7 @@ inline double parse_number(const std::string& key, const std::string& text) {
 /// error naming the option, the value and the range.
 inline long long parse_integer(const std::string& key, const std::string& text, long long min,
                                long long max) {
+  if (!is_decimal(text)) throw usage_error{key + " expects an integer, got '" + text + "'"};
   long long v = 0;
   bool ok = false;
   try {
@@ -114,7 +141,7 @@ inline std::uint64_t parse_bytes(const std::string& key, const std::string& text
   std::size_t used = 0;
   double v = 0;
   try {
-    v = std::stod(digits, &used);
+    if (is_decimal(digits)) v = std::stod(digits, &used);
   } catch (const std::exception&) {
     used = 0;
   }
@@ -160,14 +187,9 @@ class arguments {
     return has(key) ? parse_number(key, get(key)) : fallback;
   }
   long long integer(const std::string& key, long long fallback) const {
-    if (!has(key)) return fallback;
-    try {
-      std::size_t used = 0;
-      const long long v = std::stoll(get(key), &used);
-      if (used == get(key).size()) return v;
-    } catch (...) {
-    }
-    throw usage_error{key + " expects an integer, got '" + get(key) + "'"};
+    return has(key) ? parse_integer(key, get(key), std::numeric_limits<long long>::min(),
+                                    std::numeric_limits<long long>::max())
+                    : fallback;
   }
   /// The option's value as an integer in [min, max] (parse_integer).
   long long integer(const std::string& key, long long fallback, long long min,

@@ -16,8 +16,11 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tightfit/core/error.hpp"
@@ -41,13 +44,39 @@ inline int_matrix read_int_matrix(const safetensors_file& f, const std::string& 
   return {info.shape[0], info.shape[1], f.read_ints(name)};
 }
 
+/// Throws naming the tensor and the index unless every value of `v` is finite.
+inline void check_finite_values(const safetensors_file& f, const std::string& name,
+                                const std::vector<double>& v) {
+  for (std::size_t i = 0; i < v.size(); ++i)
+    check(std::isfinite(v[i]), f.source(), ": tensor '", name, "' holds ", v[i], " at index ", i,
+          " (expected finite values)");
+}
+
+/// The floating tensor `name` of `expected` values, every one finite.
 inline std::vector<double> read_floats(const safetensors_file& f, const std::string& name,
                                        index_t expected) {
   check(f.contains(name), f.source(), ": the batch has no tensor '", name, "'");
+  check(f.info(name).numel() == expected, f.source(), ": tensor '", name, "' has ",
+        f.info(name).numel(), " elements, expected ", expected);
   auto v = f.template read<double>(name);
-  check(static_cast<index_t>(v.size()) == expected, f.source(), ": tensor '", name, "' has ",
-        v.size(), " elements, expected ", expected);
+  check_finite_values(f, name, v);
   return v;
+}
+
+/// The rows and columns (B, T) of the batch `objective` reads from `f`, from the header alone
+/// (dpo: the chosen and the rejected rows together), so that its size is checked before it is
+/// read; a missing or malformed tensor is left to read_batch's error (0, 0).
+inline std::pair<index_t, index_t> batch_extents(const safetensors_file& f,
+                                                 const std::string& objective) {
+  auto extents = [&](const std::string& name) -> std::pair<index_t, index_t> {
+    if (!f.contains(name) || f.info(name).shape.size() != 2) return {0, 0};
+    return {f.info(name).shape[0], f.info(name).shape[1]};
+  };
+  if (objective != "dpo") return extents("input_ids");
+  const auto [rc, t] = extents("chosen_input_ids");
+  const auto [rr, t2] = extents("rejected_input_ids");
+  if (t != t2 || rc > std::numeric_limits<index_t>::max() - rr) return {0, 0};
+  return {rc + rr, t};
 }
 
 /// Valid lengths from an attention mask (right padding only) or a lengths tensor.

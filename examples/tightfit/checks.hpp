@@ -1,12 +1,11 @@
 // Checks the tightfit subcommands make before any work, and on the values they write:
-//  - output paths: never an input (the same file after resolving links, or the directory holding
-//    the model), writable (an existing directory, permission) -- usage errors, exit 2;
-//  - sizes: a model's parameters and a batch's activations against the memory this process may
-//    use (core/limits.hpp), a config.json against the checkpoint beside it -- before allocation;
+//  - sizes: a model's parameters, a batch's or a data set's tokens and activations against the
+//    memory this process may use (core/limits.hpp), a config.json against the checkpoint beside
+//    it -- before allocation (tightfit::error, exit 1; usage_error, exit 2, when the size is an
+//    argument);
 //  - finite values: weights read, gradients and losses computed (tightfit::error, exit 1).
+// Output paths have their own rule: output_paths.hpp.
 #pragma once
-
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdint>
@@ -18,6 +17,7 @@
 
 #include "args.hpp"
 #include "tightfit/core/limits.hpp"
+#include "tightfit/io/safetensors.hpp"
 #include "tightfit/loss/sft.hpp"
 #include "tightfit/nn/hf_model.hpp"
 #include "tightfit/stream/planner.hpp"
@@ -25,112 +25,6 @@
 namespace tightfit::cli {
 
 namespace fs = std::filesystem;
-
-/// The inputs and outputs of one command. Register every input first; each output is checked
-/// when registered and refused with a usage_error naming the option and the path.
-class path_guard {
- public:
-  /// An input file, or a directory whose files are all inputs (a model directory). A path that
-  /// does not exist is ignored here (opening it reports the error).
-  void input(const fs::path& p) {
-    std::error_code ec;
-    if (fs::is_directory(p, ec)) {
-      dirs_.push_back(p);
-      for (const auto& e : fs::directory_iterator(p, ec))
-        if (e.is_regular_file(ec)) files_.push_back(e.path());
-    } else if (fs::exists(p, ec)) {
-      files_.push_back(p);
-    }
-  }
-
-  /// An output file named by option `key`. When `p` is an existing directory and `in_dir` is
-  /// given, the file written is p / in_dir (as save_hf_weights does); otherwise a directory is
-  /// refused.
-  void output_file(const std::string& key, const fs::path& p, const char* in_dir = nullptr) {
-    std::error_code ec;
-    fs::path f = p;
-    if (fs::is_directory(p, ec)) {
-      if (in_dir == nullptr) refuse(key, p, "is a directory, expected a file name");
-      not_an_input_dir(key, p);
-      f = p / in_dir;
-    }
-    check_file(key, p, f);
-  }
-
-  /// An output directory named by option `key` (created when missing) receiving `files`.
-  void output_dir(const std::string& key, const fs::path& p,
-                  std::initializer_list<const char*> files) {
-    std::error_code ec;
-    if (fs::exists(p, ec)) {
-      if (!fs::is_directory(p, ec)) refuse(key, p, "exists and is not a directory");
-      not_an_input_dir(key, p);
-      if (::access(p.c_str(), W_OK | X_OK) != 0) refuse(key, p, "is not writable");
-    } else {
-      fs::path up = p.parent_path();
-      while (!up.empty() && !fs::exists(up, ec) && up != up.parent_path()) up = up.parent_path();
-      if (up.empty()) up = ".";
-      if (!fs::is_directory(up, ec))
-        refuse(key, p, "cannot be created ('" + up.string() + "' is not a directory)");
-      if (::access(up.c_str(), W_OK | X_OK) != 0)
-        refuse(key, p, "cannot be created ('" + up.string() + "' is not writable)");
-    }
-    created_.push_back(p);
-    for (const char* name : files) check_file(key, p, p / name);
-  }
-
- private:
-  [[noreturn]] static void refuse(const std::string& key, const fs::path& p,
-                                  const std::string& why) {
-    throw usage_error{key + " '" + p.string() + "' " + why};
-  }
-
-  void not_an_input_dir(const std::string& key, const fs::path& p) const {
-    std::error_code ec;
-    for (const auto& d : dirs_)
-      if (fs::equivalent(p, d, ec))
-        refuse(key, p, "is the input directory '" + d.string() + "'; refusing to write into it");
-  }
-
-  void check_file(const std::string& key, const fs::path& shown, const fs::path& f) {
-    std::error_code ec;
-    const bool exists = fs::exists(f, ec);
-    if (exists) {
-      for (const auto& in : files_)
-        if (fs::equivalent(f, in, ec))
-          refuse(key, shown, "would overwrite the input '" + in.string() + "'");
-      for (const auto& out : outputs_)
-        if (fs::equivalent(f, out, ec))
-          refuse(key, shown, "is also written by another option ('" + out.string() + "')");
-      if (fs::is_directory(f, ec)) refuse(key, shown, "names a directory '" + f.string() + "'");
-      if (::access(f.c_str(), W_OK) != 0) refuse(key, shown, "is not writable");
-    } else {
-      for (const auto& out : outputs_)
-        if (fs::weakly_canonical(f, ec) == fs::weakly_canonical(out, ec))
-          refuse(key, shown, "is also written by another option ('" + out.string() + "')");
-      // The directory it goes into must exist (or be created by output_dir) and be writable.
-      fs::path dir = f.parent_path();
-      if (dir.empty()) dir = ".";
-      if (fs::exists(dir, ec)) {
-        if (!fs::is_directory(dir, ec))
-          refuse(key, shown, "is inside '" + dir.string() + "', which is not a directory");
-        if (::access(dir.c_str(), W_OK | X_OK) != 0)
-          refuse(key, shown, "cannot be written: '" + dir.string() + "' is not writable");
-      } else if (!created_dir(dir)) {
-        refuse(key, shown, "cannot be written: directory '" + dir.string() + "' does not exist");
-      }
-    }
-    outputs_.push_back(f);
-  }
-
-  /// True when `dir` is a directory an output_dir call will create.
-  bool created_dir(const fs::path& dir) const {
-    for (const auto& d : created_)
-      if (d == dir) return true;
-    return false;
-  }
-
-  std::vector<fs::path> files_, dirs_, outputs_, created_;
-};
 
 /// Refuses, before allocation, a model of `cfg` held as `copies` arrays of its parameters in
 /// `bytes_per_value`-byte values (weights, gradients, optimizer moments) when that exceeds the
@@ -148,9 +42,15 @@ inline void check_model_fits(const model_config& cfg, std::uint64_t bytes_per_va
                *bytes);
 }
 
-/// Host bytes per token that a backward (or the planner's dry run) holds outside the counted
-/// activations: token ids, targets and their masked copies.
+/// Host bytes per token that a backward holds outside the counted activations: token ids,
+/// targets and their masked copies.
 inline constexpr std::uint64_t host_bytes_per_token = 32;
+/// Host bytes per token of a batch file read for grad or logprobs (batch_file.hpp): each integer
+/// tensor read as int64, the ids, labels, targets and positions kept, plus the backward's own.
+inline constexpr std::uint64_t batch_host_bytes_per_token = 96;
+/// Host bytes per token of a token data set read for train (io/token_file.hpp): input_ids,
+/// labels and position_ids as int64, and one int64 tensor being converted.
+inline constexpr std::uint64_t data_host_bytes_per_token = 32;
 
 /// Refuses `batch` x `seq` tokens whose predicted peak activation bytes under `options` (the
 /// planner's dry run) exceed the memory this process may use: a usage_error (exit 2) when the
@@ -158,10 +58,11 @@ inline constexpr std::uint64_t host_bytes_per_token = 32;
 /// is checked first, so the dry run never allocates past the limit.
 template <std::floating_point T>
 void check_activations_fit(const std::string& what, bool argument, const model_config& cfg,
-                           index_t batch, index_t seq, const backward_options& options) {
+                           index_t batch, index_t seq, const backward_options& options,
+                           std::uint64_t host_per_token = host_bytes_per_token) {
   if (!argument) {
     try {
-      check_activations_fit<T>(what, true, cfg, batch, seq, options);
+      check_activations_fit<T>(what, true, cfg, batch, seq, options, host_per_token);
     } catch (const usage_error& e) {
       throw error(e.message);
     }
@@ -169,7 +70,7 @@ void check_activations_fit(const std::string& what, bool argument, const model_c
   }
   const std::uint64_t limit = memory_limit_bytes();
   const auto host = checked_product(
-      {static_cast<std::uint64_t>(batch), static_cast<std::uint64_t>(seq), host_bytes_per_token});
+      {static_cast<std::uint64_t>(batch), static_cast<std::uint64_t>(seq), host_per_token});
   if (!host || *host > limit)
     throw usage_error{what + ": " + std::to_string(batch) + " x " + std::to_string(seq) +
                       " tokens need more than the " + byte_string(limit) +
@@ -182,6 +83,23 @@ void check_activations_fit(const std::string& what, bool argument, const model_c
                       std::string(to_string(options.sched)) + "), more than the " +
                       byte_string(limit) +
                       " this process may use (physical memory, ulimit -v / -d)"};
+}
+
+/// Refuses, before it is read, a token data set (train --data: input_ids (N, T) in a safetensors
+/// file) whose N x T tokens need more host memory than this process may use. A file without a
+/// two-dimensional input_ids is left to read_token_table's error.
+inline void check_token_table_fits(const std::string& path) {
+  const auto f = safetensors_file::open(path);
+  if (!f.contains("input_ids") || f.info("input_ids").shape.size() != 2) return;
+  const auto& shape = f.info("input_ids").shape;
+  const auto bytes =
+      checked_product({static_cast<std::uint64_t>(shape[0]), static_cast<std::uint64_t>(shape[1]),
+                       data_host_bytes_per_token});
+  check(bytes.has_value(), path, ": input_ids (", shape[0], ", ", shape[1],
+        ") holds more tokens than 64-bit byte counts");
+  check_memory(path + ": input_ids (" + std::to_string(shape[0]) + ", " + std::to_string(shape[1]) +
+                   ") at " + std::to_string(data_host_bytes_per_token) + " bytes per token",
+               *bytes);
 }
 
 /// Throws tightfit::error unless every weight of `params` is finite, naming the tensor.

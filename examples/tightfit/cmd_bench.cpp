@@ -7,6 +7,7 @@
 // activation bytes, the loss; --dtype f32|bf16. --compare and --single are CPU-only (exit 2).
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -14,6 +15,7 @@
 
 #include "commands.hpp"
 #include "device_cuda.hpp"
+#include "output_paths.hpp"
 #include "stream/stream_bench.hpp"
 
 namespace tightfit::cli {
@@ -94,29 +96,41 @@ int cuda_stream_bench(const bench::bench_options& o, cuda_dtype dtype) {
       }
     }
   }
-  if (csv != nullptr) {
-    std::fclose(csv);
+  if (csv != nullptr) {  // a full disk or /dev/full: the rows were not written (exit 1)
+    const bool failed = std::ferror(csv) != 0;
+    check(std::fclose(csv) == 0 && !failed, "bench stream: cannot write ", o.csv, ": ",
+          std::strerror(errno));
     std::printf("wrote %s\n", o.csv.c_str());
   }
   return 0;
 }
 #endif
 
+constexpr const char* bench_stream_usage =
+    "usage: tightfit bench stream [--seq 2048,4096,8192,16384] "
+    "[--schedules full,checkpoint,stream] [--chunk 512] [--batch 1]\n"
+    "                             [--preset qwen3-bench|small|...] "
+    "[--objective sft|grpo|dpo] [--csv FILE] [--compare]\n"
+    "                             [--device cpu|cuda] [--dtype f32|bf16]\n"
+    "  StreamBP against checkpointing and full backprop: peak activation bytes, "
+    "bytes per token,\n  peak RSS (each row in its own process), time and GFLOP/s "
+    "next to the machine's GEMM rate.\n  --device cuda (a CUDA build): the same "
+    "rows on the first visible GPU, in one process,\n  with the backend's peak "
+    "device bytes; --dtype bf16 (cuda only) stores bf16, accumulates fp32.\n"
+    "  --single: one row measured in this process (what each row's child process runs).\n";
+
+bool asks_for_help(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) return true;
+  return false;
+}
+
 }  // namespace
 
 int bench(int argc, char** argv) {
-  if (argc < 2 || std::strcmp(argv[1], "--help") == 0) {
-    std::fprintf(argc < 2 ? stderr : stdout,
-                 "usage: tightfit bench stream [--seq 2048,4096,8192,16384] "
-                 "[--schedules full,checkpoint,stream] [--chunk 512] [--batch 1]\n"
-                 "                             [--preset qwen3-bench|small|...] "
-                 "[--objective sft|grpo|dpo] [--csv FILE] [--compare]\n"
-                 "                             [--device cpu|cuda] [--dtype f32|bf16]\n"
-                 "  StreamBP against checkpointing and full backprop: peak activation bytes, "
-                 "bytes per token,\n  peak RSS (each row in its own process), time and GFLOP/s "
-                 "next to the machine's GEMM rate.\n  --device cuda (a CUDA build): the same "
-                 "rows on the first visible GPU, in one process,\n  with the backend's peak "
-                 "device bytes; --dtype bf16 (cuda only) stores bf16, accumulates fp32.\n");
+  // `bench --help` and `bench stream --help` print the usage; `bench` alone is an error
+  if (argc < 2 || asks_for_help(argc, argv)) {
+    std::fputs(bench_stream_usage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
   if (std::strcmp(argv[1], "stream") != 0) {
@@ -155,6 +169,17 @@ int bench(int argc, char** argv) {
                  "tightfit bench: --dtype bf16 needs --device cuda (the CPU bench is float)\n");
     return 2;
   }
+  // --csv: the tool's rule for outputs (output_paths.hpp), before anything runs
+  for (std::size_t i = 1; i + 1 < rest.size(); ++i)
+    if (std::strcmp(rest[i], "--csv") == 0) {
+      try {
+        output_paths paths;
+        paths.output_file("--csv", rest[i + 1]);
+      } catch (const usage_error& e) {
+        std::fprintf(stderr, "tightfit bench: %s\n", e.message.c_str());
+        return 2;
+      }
+    }
   if (device == "cpu")
     return bench::stream_bench_main(
         static_cast<int>(rest.size()), rest.data(),

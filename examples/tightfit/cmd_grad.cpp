@@ -10,8 +10,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <span>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -20,6 +22,7 @@
 #include "checks.hpp"
 #include "commands.hpp"
 #include "mpi_launch.hpp"
+#include "output_paths.hpp"
 #if defined(TIGHTFIT_CLI_CUDA)
 #include "device_cuda.hpp"
 #endif
@@ -130,18 +133,54 @@ int run_grad_with(const arguments& a, const model_config& cfg, Comm& comm) {
   using backend = eigen_backend<T>;
   const std::filesystem::path model_dir = a.get("--model");
   // Sizes before allocation: config.json against the checkpoint, weights + gradients
-  // against memory.
+  // against memory; the batch's tokens and activations from its header (rows x T x the
+  // model's bytes per token), before the model or the batch is read.
   check_model_fits(cfg, sizeof(T), 2, &model_dir);
+  const auto batch_file = safetensors_file::open(a.get("--batch"));
+  const std::string objective = a.get("--objective", "sft");
+  check_batch_keys(batch_file, objective);
+  index_t b = 0, t = 0;
+  std::tie(b, t) = batch_extents(batch_file, objective);
+  std::optional<loaded_batch> read_early;  // a malformed batch: read_batch names the problem
+  if (b <= 0 || t <= 0) {
+    read_early = read_batch(batch_file, objective);
+    b = read_early->b, t = read_early->t;
+  }
+  backward_options opt;
+  opt.sched = parse_backward_schedule(a.get("--schedule", "stream"));
+  opt.temperature = a.real("--temperature", 1.0, 1e-6, 1e6);
+  opt.head_chunk_rows = a.integer("--head-chunk", 0, 0, max_count);
+  if (a.get("--chunk", "512") == "auto") {
+    const std::size_t budget = parse_bytes("--budget", a.get("--budget", "4G"));
+    const auto plan = plan_memory<T>(cfg, b, t, budget, sft_loss{}, 0, t);
+    check(plan.chunk >= 1, "--chunk auto: even chunk 1 needs more than the budget of ", budget,
+          " bytes at T = ", t);
+    opt.chunk = plan.chunk;
+    // > 1 when only layer-input spacing fits the budget (full keeps every activation anyway)
+    if (opt.sched != backward_schedule::full) opt.keep_every = plan.keep_every;
+  } else {
+    opt.chunk = a.integer("--chunk", 512, 1, max_count);
+  }
+  // on the GPU the activations live in device memory (an allocation there that fails is an
+  // error); the host holds the batch either way
+  if (!cuda)
+    check_activations_fit<T>(batch_file.source(), false, cfg, b, t, opt,
+                             batch_host_bytes_per_token);
+  else
+    check_memory(
+        batch_file.source() + ": " + std::to_string(b) + " x " + std::to_string(t) + " tokens at " +
+            std::to_string(batch_host_bytes_per_token) + " bytes per token",
+        checked_product_or_fail(batch_file.source() + ": the batch's bytes",
+                                {static_cast<std::uint64_t>(b), static_cast<std::uint64_t>(t),
+                                 batch_host_bytes_per_token}));
+
   backend be;
   decoder_model<backend, Layer<backend>> model(be, cfg);
   load_hf_weights(model_dir, model.parameters());
   check_finite_weights(model.parameters(), model_dir.string());
-
-  const auto batch_file = safetensors_file::open(a.get("--batch"));
-  const std::string objective = a.get("--objective", "sft");
-  check_batch_keys(batch_file, objective);
-  loaded_batch lb = read_batch(batch_file, objective);
-  const index_t b = lb.b, t = lb.t;
+  loaded_batch lb = read_early ? std::move(*read_early) : read_batch(batch_file, objective);
+  check(lb.b == b && lb.t == t, batch_file.source(), ": the batch is (", lb.b, ", ", lb.t,
+        "), its header said (", b, ", ", t, ")");
   index_t truncated = 0;
   if (objective == "grpo" && a.has("--mask-truncated-completions")) {
     const auto stop = parse_token_ids("--eos-token-id", a.get("--eos-token-id"));
@@ -213,24 +252,6 @@ int run_grad_with(const arguments& a, const model_config& cfg, Comm& comm) {
                              my_positions = take_rows(lb.positions, my_rows, t);
   const token_batch my_batch{
       static_cast<index_t>(my_rows.size()), t, my_ids, my_targets, my_lengths, my_positions};
-
-  backward_options opt;
-  opt.sched = parse_backward_schedule(a.get("--schedule", "stream"));
-  opt.temperature = a.real("--temperature", 1.0, 1e-6, 1e6);
-  opt.head_chunk_rows = a.integer("--head-chunk", 0, 0, max_count);
-  if (a.get("--chunk", "512") == "auto") {
-    const std::size_t budget = parse_bytes("--budget", a.get("--budget", "4G"));
-    const auto plan = plan_memory<T>(cfg, b, t, budget, sft_loss{}, 0, t);
-    check(plan.chunk >= 1, "--chunk auto: even chunk 1 needs more than the budget of ", budget,
-          " bytes at T = ", t);
-    opt.chunk = plan.chunk;
-    // > 1 when only layer-input spacing fits the budget (full keeps every activation anyway)
-    if (opt.sched != backward_schedule::full) opt.keep_every = plan.keep_every;
-  } else {
-    opt.chunk = a.integer("--chunk", 512, 1, max_count);
-  }
-  // on the GPU the activations live in device memory (an allocation there that fails is an error)
-  if (!cuda) check_activations_fit<T>(batch_file.source(), false, cfg, b, t, opt);
 
   sequence_assignment assignment = sequence_assignment::zigzag;
   if (a.has("--assignment")) assignment = parse_sequence_assignment(a.get("--assignment"));
@@ -467,9 +488,15 @@ void check_grad_arguments(const arguments& a) {
   (void)a.real("--temperature", 1.0, 1e-6, 1e6);
   for (const char* k : {"--beta", "--epsilon-low", "--epsilon-high"}) (void)a.real(k, 0.0, 0, 1e6);
   (void)a.real("--label-smoothing", 0.0, 0, 0.5);
-  path_guard paths;
+  // the objectives' own ranges, as arguments (exit 2) rather than after the model is loaded
+  if (a.has("--epsilon-low") && !(a.real("--epsilon-low", 0.2, 0, 1e6) < 1))
+    throw usage_error{"--epsilon-low is " + a.get("--epsilon-low") +
+                      ", expected in [0, 1) (the ratio's lower clip is 1 - epsilon-low)"};
+  if (objective == "dpo" && a.has("--beta") && !(a.real("--beta", 0.1, 0, 1e6) > 0))
+    throw usage_error{"--beta is " + a.get("--beta") + ", expected > 0 for --objective dpo"};
+  output_paths paths;
   paths.input(a.get("--model"));
-  paths.input(a.get("--batch"));
+  paths.input_file(a.get("--batch"));
   if (a.has("--out")) paths.output_file("--out", a.get("--out"), "model.safetensors");
 }
 

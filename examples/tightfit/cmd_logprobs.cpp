@@ -16,6 +16,7 @@
 #include "batch_file.hpp"
 #include "checks.hpp"
 #include "commands.hpp"
+#include "output_paths.hpp"
 #include "tightfit/backend/eigen.hpp"
 #include "tightfit/io/safetensors.hpp"
 #include "tightfit/nn/decoder_layer.hpp"
@@ -53,6 +54,7 @@ void copy_tensors(const safetensors_file& f, safetensors_writer& w,
                           info.type == dtype::bf16 || info.type == dtype::f16;
     if (floating) {
       const auto v = f.read<double>(info.name);
+      check_finite_values(f, info.name, v);  // nothing non-finite is written
       w.add(info.name, info.shape, std::span<const double>(v), info.type);
     } else {
       const auto v = f.read_ints(info.name);
@@ -68,14 +70,9 @@ int run_logprobs(const arguments& a, const std::string& objective) {
   const std::filesystem::path model_dir = a.get("--model");
   const model_config cfg = load_hf_config(model_dir);
   check_model_fits(cfg, sizeof(T), 1, &model_dir);  // weights only: no gradients
-  backend be;
-  llama_model<backend> model(be, cfg);
-  load_hf_weights(model_dir, model.parameters());
-  check_finite_weights(model.parameters(), model_dir.string());
-
+  // the batch's tokens and activations from its header, before the model or the batch is read
   const auto batch_file = safetensors_file::open(a.get("--batch"));
   check_batch_keys(batch_file, objective);
-  const loaded_batch lb = read_batch(batch_file, objective);
   forward_options fo;
   fo.chunk = a.integer("--chunk", 512, 1, max_count);
   fo.head_chunk_rows = a.integer("--head-chunk", 0, 0, max_count);
@@ -83,7 +80,18 @@ int run_logprobs(const arguments& a, const std::string& objective) {
   backward_options bo;  // the backward's bound is an upper bound of the forward's
   bo.sched = backward_schedule::stream;
   bo.chunk = fo.chunk;
-  check_activations_fit<T>(batch_file.source(), false, cfg, lb.b, lb.t, bo);
+  const auto [hb, ht] = batch_extents(batch_file, objective);
+  if (hb > 0 && ht > 0)
+    check_activations_fit<T>(batch_file.source(), false, cfg, hb, ht, bo,
+                             batch_host_bytes_per_token);
+
+  backend be;
+  llama_model<backend> model(be, cfg);
+  load_hf_weights(model_dir, model.parameters());
+  check_finite_weights(model.parameters(), model_dir.string());
+  const loaded_batch lb = read_batch(batch_file, objective);
+  check_activations_fit<T>(batch_file.source(), false, cfg, lb.b, lb.t, bo,
+                           batch_host_bytes_per_token);
 
   const auto start = std::chrono::steady_clock::now();
   std::vector<double> lp;  // (B*T) target-aligned
@@ -156,22 +164,26 @@ int logprobs(int argc, char** argv) {
         const std::string as = a.get("--as", "ref");
         if (as != "ref" && as != "old")
           throw usage_error{"--as expects ref or old, got '" + as + "'"};
-        if (a.has("--as") && objective == "dpo")
-          throw usage_error{"--as applies to --objective grpo (dpo writes ref_*_logps)"};
+
         (void)a.integer("--chunk", 512, 1, max_count);
         (void)a.integer("--head-chunk", 0, 0, max_count);
         (void)a.real("--temperature", 1.0, 1e-6, 1e6);
         const std::string dtype = a.get("--dtype", "f32");
         if (dtype != "f32" && dtype != "f64")
           throw usage_error{"--dtype expects f32 or f64, got '" + dtype + "'"};
-        path_guard paths;
+        output_paths paths;
         paths.input(a.get("--model"));
-        paths.input(a.get("--batch"));
+        paths.input_file(a.get("--batch"));
         paths.output_file("--out", a.get("--out"));
         if (objective.empty())
           objective = safetensors_file::open(a.get("--batch")).contains("chosen_input_ids")
                           ? "dpo"
                           : "grpo";
+        // --as names which GRPO key is written; a DPO batch (given or found) has none
+        if (a.has("--as") && objective == "dpo")
+          throw usage_error{
+              "--as applies to --objective grpo, not dpo (a dpo batch, one with "
+              "chosen_input_ids, gets ref_chosen_logps and ref_rejected_logps)"};
         if (dtype == "f64") return run_logprobs<double>(a, objective);
         return run_logprobs<float>(a, objective);
       });

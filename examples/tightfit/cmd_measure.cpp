@@ -7,6 +7,7 @@
 // millimetres with their 95 % intervals. Exit codes: 0 every measurement ok, 1 a cloud could not
 // be read or measured, 2 bad arguments, 3 a measurement is not trustworthy (status
 // low_confidence or failed, reasons in the output).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -27,7 +28,9 @@
 #include <unistd.h>
 #endif
 
+#include "args.hpp"
 #include "commands.hpp"
+#include "tightfit/core/limits.hpp"
 #include "tightfit/geometry/cloud_io.hpp"
 #include "tightfit/geometry/measure.hpp"
 
@@ -36,6 +39,12 @@ namespace tightfit::cli {
 namespace {
 
 namespace tg = tightfit::geometry;
+
+/// The memory measure() needs per point of a cloud, at most (the cloud as read, its filtered
+/// copies, the kd-trees and the voxel tables; measured: docs/tool.md).
+constexpr std::uint64_t measure_bytes_per_point = 256;
+/// --max-points' default.
+constexpr long long default_max_points = 100000000;
 
 void measure_usage(std::FILE* out) {
   std::fprintf(
@@ -48,8 +57,11 @@ void measure_usage(std::FILE* out) {
       "            none: full-3D cloud, all six faces elastic; Z: the belt is the plane z = Z\n"
       "  --unit    coordinates in metres (default) or millimetres\n"
       "  --json    one JSON object per cloud (an array for several clouds)\n"
+      "  --max-points N  refuse a cloud of more than N points (default 100000000), and one\n"
+      "            larger than the memory this process may use holds (%llu bytes per point)\n"
       "prints length x width x height in mm (L >= W >= H) with 95 %% intervals and a status;\n"
-      "exit 0 ok, 1 bad input, 2 bad arguments, 3 a measurement is not trustworthy\n");
+      "exit 0 ok, 1 bad input, 2 bad arguments, 3 a measurement is not trustworthy\n",
+      static_cast<unsigned long long>(measure_bytes_per_point));
 }
 
 const char* flag_names[] = {"near_square", "soft_retry", "safeguard",    "appendage",
@@ -107,9 +119,26 @@ nlohmann::ordered_json json_measurement(const std::string& file, const tg::measu
   return j;
 }
 
+/// `text` for a terminal: control bytes (and DEL) as \xNN, so that a file name cannot move the
+/// cursor, clear the screen or forge a line of output.
+std::string printable(const std::string& text) {
+  std::string out;
+  for (const char ch : text) {
+    const auto u = static_cast<unsigned char>(ch);
+    if (u < 0x20 || u == 0x7f) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", u);
+      out += hex;
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
 void print_text(const std::string& file, const tg::measurement& m) {
-  std::printf("%s: %.1f x %.1f x %.1f mm", file.c_str(), m.dims[0] * 1000, m.dims[1] * 1000,
-              m.dims[2] * 1000);
+  std::printf("%s: %.1f x %.1f x %.1f mm", printable(file).c_str(), m.dims[0] * 1000,
+              m.dims[1] * 1000, m.dims[2] * 1000);
   if (m.mebb)
     std::printf(" (+- %.1f, %.1f, %.1f mm at 95 %%)", m.uncertainty[0] * 1000,
                 m.uncertainty[1] * 1000, m.uncertainty[2] * 1000);
@@ -180,7 +209,7 @@ void keep_freed_memory() {
 
 int measure(int argc, char** argv) {
   std::vector<std::string> files;
-  std::string method = "mebb", belt = "auto", unit = "m";
+  std::string method = "mebb", belt = "auto", unit = "m", max_points_text;
   bool json = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -194,8 +223,11 @@ int measure(int argc, char** argv) {
       return 0;
     } else if (a == "--json") {
       json = true;
-    } else if (a == "--method" || a == "--belt" || a == "--unit") {
-      std::string& target = a == "--method" ? method : a == "--belt" ? belt : unit;
+    } else if (a == "--method" || a == "--belt" || a == "--unit" || a == "--max-points") {
+      std::string& target = a == "--method" ? method
+                            : a == "--belt" ? belt
+                            : a == "--unit" ? unit
+                                            : max_points_text;
       if (!value(target)) {
         std::fprintf(stderr, "tightfit measure: %s needs a value\n", a.c_str());
         measure_usage(stderr);
@@ -227,18 +259,38 @@ int measure(int argc, char** argv) {
   }
   const double scale = unit == "mm" ? 0.001 : 1.0;  // to metres
   tg::belt_choice choice;
-  if (belt == "none") {
-    choice.kind = tg::belt_choice::none;
-  } else if (belt != "auto") {
-    char* end = nullptr;
-    const double z = std::strtod(belt.c_str(), &end);
-    if (belt.empty() || !end || *end != '\0' || !std::isfinite(z)) {
-      std::fprintf(stderr, "tightfit measure: --belt is '%s', expected auto, none or a height Z\n",
-                   belt.c_str());
-      return 2;
+  long long max_points = default_max_points;
+  try {
+    if (belt == "none") {
+      choice.kind = tg::belt_choice::none;
+    } else if (belt != "auto") {
+      double z = 0;
+      try {
+        z = parse_real("--belt", belt, -1e12, 1e12);
+      } catch (const usage_error&) {
+        throw usage_error{"--belt is '" + belt + "', expected auto, none or a height Z"};
+      }
+      choice = tg::belt_choice::at_z(z * scale);
     }
-    choice = tg::belt_choice::at_z(z * scale);
+    if (!max_points_text.empty())
+      max_points = parse_integer("--max-points", max_points_text, 1, 1LL << 40);
+  } catch (const usage_error& e) {
+    std::fprintf(stderr, "tightfit measure: %s\n", e.message.c_str());
+    measure_usage(stderr);
+    return 2;
   }
+  // Sizes before allocation: the points a cloud may have, from --max-points and from the memory
+  // this process may use at measure_bytes_per_point (the reader checks the file's count first).
+  const std::uint64_t memory = memory_limit_bytes();
+  const std::uint64_t by_memory = memory / measure_bytes_per_point;
+  const auto limit = static_cast<std::size_t>(
+      std::min<std::uint64_t>(static_cast<std::uint64_t>(max_points), by_memory));
+  const std::string limit_why =
+      by_memory < static_cast<std::uint64_t>(max_points)
+          ? " (what the " + byte_string(memory) + " this process may use holds at " +
+                std::to_string(measure_bytes_per_point) + " bytes per point; --max-points " +
+                std::to_string(max_points) + ")"
+          : " (--max-points)";
   const tg::box_method m = tg::parse_box_method(method);
 
   keep_freed_memory();
@@ -248,7 +300,14 @@ int measure(int argc, char** argv) {
   for (const auto& file : files) {
     try {
       // a binary float PLY stays float (no widened copy); scaled as it is read by measure()
-      tg::stored_cloud cloud = tg::read_cloud_stored(file);
+      tg::stored_cloud cloud;
+      try {
+        cloud = tg::read_cloud_stored(file, limit);
+      } catch (const error& e) {
+        const std::string what = e.what();
+        if (what.find("than the limit of " + std::to_string(limit)) == std::string::npos) throw;
+        fail(what, limit_why);
+      }
       const tg::measurement r = std::visit(
           [&](auto& c) {
             if constexpr (std::is_same_v<std::decay_t<decltype(c)>, tg::float_cloud>) {
@@ -263,18 +322,23 @@ int measure(int argc, char** argv) {
           },
           cloud);
       untrusted += r.status != tg::measure_status::ok;
+      // invalid UTF-8 in a file name becomes U+FFFD (nlohmann would throw)
+      constexpr auto replace = nlohmann::ordered_json::error_handler_t::replace;
       if (json && files.size() == 1)
-        std::printf("%s\n", json_measurement(file, r, 1000).dump(2).c_str());
+        std::printf("%s\n", json_measurement(file, r, 1000).dump(2, ' ', false, replace).c_str());
       else if (json)
         all.push_back(json_measurement(file, r, 1000));
       else
         print_text(file, r);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "tightfit measure: %s: %s\n", file.c_str(), e.what());
+      std::fprintf(stderr, "tightfit measure: %s: %s\n", printable(file).c_str(),
+                   printable(e.what()).c_str());
       ++errors;
     }
   }
-  if (json && files.size() > 1) std::printf("%s\n", all.dump(2).c_str());
+  if (json && files.size() > 1)
+    std::printf("%s\n",
+                all.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
   // exit 1: a cloud could not be measured; 3: a measurement is not trustworthy (status)
   return errors ? 1 : untrusted ? 3 : 0;
 }

@@ -94,21 +94,15 @@ int plan(int argc, char** argv) {
         const std::string dtype = a.get("--dtype", "f32");
         if (dtype != "f32" && dtype != "f64")
           throw usage_error{"--dtype expects f32 or f64, got '" + dtype + "'"};
-        // The dry runs hold host_bytes_per_token per token of the largest batch they try.
-        const std::uint64_t limit = memory_limit_bytes();
+        // The planner prices B x T tokens by a closed form (no allocation per token): the count
+        // itself must stay an index (at most 2^62).
         for (const auto& [key, t] : {std::pair<std::string, index_t>{"--seq", seq},
                                      std::pair<std::string, index_t>{"--max-seq", max_seq}}) {
-          const auto bytes =
-              checked_product({static_cast<std::uint64_t>(t), static_cast<std::uint64_t>(batch),
-                               host_bytes_per_token});
-          if (!bytes || *bytes > limit)
-            throw usage_error{
-                key + " " + std::to_string(t) + " x --batch " + std::to_string(batch) +
-                ": the planner's dry run holds " + std::to_string(host_bytes_per_token) +
-                " bytes per token, more than the " + byte_string(limit) +
-                " this process may use (largest " + key + ": " +
-                std::to_string(limit / host_bytes_per_token / static_cast<std::uint64_t>(batch)) +
-                ")"};
+          const auto tokens =
+              checked_product({static_cast<std::uint64_t>(t), static_cast<std::uint64_t>(batch)});
+          if (!tokens || *tokens > static_cast<std::uint64_t>(big))
+            throw usage_error{key + " " + std::to_string(t) + " x --batch " +
+                              std::to_string(batch) + " is more than 2^62 tokens"};
         }
         const model_config cfg =
             a.has("--model") ? load_hf_config(a.get("--model")) : preset_config(a.get("--preset"));

@@ -21,6 +21,7 @@
 #include "commands.hpp"
 #include "device_cuda.hpp"
 #include "mpi_launch.hpp"
+#include "output_paths.hpp"
 #include "tightfit/backend/eigen.hpp"
 #include "tightfit/dist/self_communicator.hpp"
 #include "tightfit/dist/sequence_step.hpp"
@@ -140,6 +141,8 @@ struct args {
 constexpr long long big = 1LL << 62;
 /// Learning rates above this are refused as absurd (they diverge at the first step).
 constexpr double max_lr = 1e3;
+/// The largest LoRA rank (--lora-rank, and r of an --adapter's adapter_config.json).
+constexpr index_t max_lora_rank = 1 << 16;
 
 /// The LoRA configuration of the options (without --adapter); throws tightfit::error naming a bad
 /// value (dropout other than 0, an unknown module).
@@ -240,15 +243,16 @@ void validate(const args& a) {
     throw usage_error{"--order fixed needs --start-block NAME"};
 }
 
-/// The outputs: never an input, writable (usage errors, exit 2).
+/// The outputs: never an input nor inside an input folder (the model, --adapter), writable
+/// (output_paths.hpp; usage errors, exit 2).
 void check_paths(const args& a) {
-  path_guard paths;
+  output_paths paths;
   if (!a.model.empty()) paths.input(a.model);
-  paths.input(a.data);
-  if (!a.resume.empty()) paths.input(a.resume);
+  paths.input_file(a.data);
+  if (!a.resume.empty()) paths.input_file(a.resume);
+  if (!a.adapter.empty()) paths.input_dir(a.adapter);
   if (!a.log.empty()) paths.output_file("--log", a.log);
   if (!a.save_state.empty()) paths.output_file("--save-state", a.save_state);
-  if (!a.adapter.empty()) paths.input(a.adapter);
   if (!a.save_model.empty()) {
     if (a.optimizer == "lora")
       paths.output_dir("--save-model", a.save_model,
@@ -366,7 +370,11 @@ int run_training(Model& model, const token_dataset& data, Opt& opt, const args& 
   };
   std::optional<json_log> log;
   if (!a.log.empty() && root) log.emplace(a.log);
-  const std::int64_t horizon = opt.steps() + a.steps;  // opt.steps(): done before (resume)
+  // opt.steps(): done before (resume); the run's last step must stay a count (no wrap-around)
+  check(opt.steps() >= 0 && opt.steps() <= big - a.steps, a.resume.empty() ? "" : a.resume + ": ",
+        "the state has done ", opt.steps(), " steps; with --steps ", a.steps,
+        " the run would end past step 2^62 (", big, ")");
+  const std::int64_t horizon = opt.steps() + a.steps;
   check(a.total_steps == 0 || a.total_steps >= horizon, "--total-steps is ", a.total_steps,
         ", but this run ends at step ", horizon);
   const auto sched =
@@ -523,7 +531,7 @@ int train(int argc, char** argv) {
       } else if (f == "--target-modules") {
         a.target_modules = value();
       } else if (f == "--lora-rank") {
-        a.lora_rank = parse_integer(f, value(), 1, 1 << 16);
+        a.lora_rank = parse_integer(f, value(), 1, max_lora_rank);
       } else if (f == "--lora-alpha") {
         a.lora_alpha = parse_real(f, value(), 1e-12, 1e12);
       } else if (f == "--lora-dropout") {
@@ -630,6 +638,27 @@ int run_model(const args& a, const model_config& cfg, Comm& comm) {
   // moments (Adam) against memory; a micro-batch's activations against memory.
   const std::filesystem::path model_path = a.model;
   check_model_fits(cfg, sizeof(T), 4, a.model.empty() ? nullptr : &model_path);
+  // LoRA: the adapters' rank and shapes (from the files' headers) and their memory, before any
+  // adapter is allocated
+  std::optional<lora_config> lora;
+  if (a.optimizer == "lora") {
+    const std::vector<param_spec> layer_table = Layer<backend>::parameter_table(cfg);
+    lora = a.adapter.empty() ? cli_lora_config(a) : read_peft_config(a.adapter);
+    if (!a.adapter.empty()) {
+      check(lora->rank <= max_lora_rank,
+            (std::filesystem::path(a.adapter) / "adapter_config.json").string(),
+            ": field \"r\" is ", lora->rank, ", more than the largest rank tightfit trains (",
+            max_lora_rank, ")");
+      check_peft_adapter_shapes(a.adapter, layer_table, cfg.num_hidden_layers, *lora);
+    }
+    const auto values = lora_value_count(layer_table, cfg.num_hidden_layers, *lora);
+    check(values.has_value(), "the LoRA adapters of rank ", lora->rank,
+          " do not fit in 64-bit counts");
+    check_memory("the LoRA adapters (" + std::to_string(*values) + " values x 4 copies of " +
+                     std::to_string(sizeof(T)) + " bytes)",
+                 checked_product_or_fail("the LoRA adapters' bytes", {*values, 4, sizeof(T)}));
+  }
+  check_token_table_fits(a.data);
   auto table = read_token_table(a.data);
   const token_dataset data(table.rows, table.seq_len, std::move(table.input_ids),
                            std::move(table.labels), std::move(table.position_ids));
@@ -703,10 +732,15 @@ int run_model(const args& a, const model_config& cfg, Comm& comm) {
   }
   if constexpr (!parallel) {
     if (a.optimizer == "lora") {
-      lora_config lc = a.adapter.empty() ? cli_lora_config(a) : read_peft_config(a.adapter);
+      lora_config lc = *lora;
       lc.seed = a.seed;
       lora_adapters<decltype(model)> adapters(model, lc);
-      if (!a.adapter.empty()) load_peft_adapter(a.adapter, adapters);
+      if (!a.adapter.empty()) {
+        load_peft_adapter(a.adapter, adapters);
+        check_finite_weights(
+            adapters.parameters(),
+            (std::filesystem::path(a.adapter) / "adapter_model.safetensors").string());
+      }
       adamw_update_rule w;
       if (a.lr) w.lr = *a.lr;
       lora_optimizer<decltype(model)> opt(adapters, w, a.clip);

@@ -10,5 +10,6 @@ int bench(int argc, char** argv);     // tightfit bench ...   (cmd_bench.cpp)
 int plan(int argc, char** argv);      // tightfit plan ...    (cmd_plan.cpp)
 int measure(int argc, char** argv);   // tightfit measure ... (cmd_measure.cpp)
 int train(int argc, char** argv);     // tightfit train ...   (cmd_train.cpp)
+int prepare(int argc, char** argv);   // tightfit prepare ... (cmd_prepare.cpp)
 
 }  // namespace tightfit::cli

@@ -18,7 +18,8 @@ void usage(std::FILE* out) {
                "  bench     benchmark tables (bench stream ...)\n"
                "  plan      the memory planner: chunk size and largest sequence per schedule\n"
                "  measure   dimensions of an object in a 3D point cloud (MEBB)\n"
-               "  train     block coordinate training (BAdam / BREAD)\n"
+               "  train     training: Adam(W), SGD, BAdam, BREAD, LoRA; data / sequence parallel\n"
+               "  prepare   JSONL text, prompts, chats or preferences to token batch files\n"
                "run 'tightfit <command> --help' for the options of a command\n");
 }
 
@@ -30,7 +31,8 @@ struct command {
 constexpr command commands[] = {
     {"grad", tightfit::cli::grad},       {"logprobs", tightfit::cli::logprobs},
     {"bench", tightfit::cli::bench},     {"plan", tightfit::cli::plan},
-    {"measure", tightfit::cli::measure}, {"train", tightfit::cli::train}};
+    {"measure", tightfit::cli::measure}, {"train", tightfit::cli::train},
+    {"prepare", tightfit::cli::prepare}};
 
 }  // namespace
 

@@ -1,7 +1,8 @@
 // tightfit/tightfit.hpp: the umbrella header. Includes every component whose dependencies the
-// including translation unit can see (Eigen, nanoflann, nlohmann-json, MPI are detected with
-// __has_include; link the matching tightfit:: targets). tests/support/check_umbrellas.cmake
-// checks that every public header is included here or through a folder's umbrella, but
+// including translation unit can see (Eigen, nanoflann, nlohmann-json, PCRE2 and utf8proc, MPI
+// are detected with __has_include; link the matching tightfit:: targets).
+// tests/support/check_umbrellas.cmake checks that every public header is included here or
+// through a folder's umbrella, but
 // not included: tightfit/backend/cuda.hpp (CUDA kernels: include it in a .cu file, nvcc)
 // not included: tightfit/dist/nccl_communicator.hpp (needs CUDA and NCCL: link tightfit::nccl)
 #pragma once
@@ -11,6 +12,7 @@
 #include "tightfit/backend/offload.hpp"
 #include "tightfit/backend/reference.hpp"
 #include "tightfit/core/error.hpp"
+#include "tightfit/core/hash.hpp"
 #include "tightfit/core/limits.hpp"
 #include "tightfit/core/memory.hpp"
 #include "tightfit/core/parallel.hpp"
@@ -47,6 +49,8 @@
 #include "tightfit/stream/forward.hpp"
 #include "tightfit/stream/head.hpp"
 #include "tightfit/stream/layer_inputs.hpp"
+#include "tightfit/stream/packing.hpp"
+#include "tightfit/stream/peak_model.hpp"
 #include "tightfit/stream/planner.hpp"
 
 #if __has_include(<Eigen/Core>)
@@ -64,4 +68,14 @@
 #endif
 #if __has_include(<mpi.h>)
 #include "tightfit/dist/mpi_communicator.hpp"
+#endif
+#if __has_include(<nlohmann/json.hpp>) && __has_include(<pcre2.h>) && __has_include(<utf8proc.h>)
+#include "tightfit/text/bpe.hpp"
+#include "tightfit/text/chat.hpp"
+#include "tightfit/text/concept.hpp"
+#include "tightfit/text/examples.hpp"
+#include "tightfit/text/normalize.hpp"
+#include "tightfit/text/regex.hpp"
+#include "tightfit/text/tokenizer.hpp"
+#include "tightfit/text/utf8.hpp"
 #endif

@@ -28,6 +28,8 @@ namespace {
 /// A tiny random model directory and a batch file.
 struct fixture {
   fs::path dir = cli_testing::scratch("model");
+  /// Where the commands write: never inside the model folder (docs/tool.md, output paths).
+  fs::path out = cli_testing::scratch("model-out");
   model_config cfg = testing::tiny_config(4, 2, true, false);
   fixture() {
     cfg.architecture = "Qwen3ForCausalLM";
@@ -104,7 +106,7 @@ TEST_CASE("grad: JSON line and gradients equal to the library's") {
     labels.push_back(i % t < 2 ? -100 : ids.back());
   }
   const auto batch = f.batch(ids, labels, b, t, "batch.safetensors");
-  const auto grads = f.dir / "grads.safetensors";
+  const auto grads = f.out / "grads.safetensors";
   const auto r = run("grad --model '" + f.dir.string() + "' --batch '" + batch.string() +
                      "' --dtype f64 --schedule stream --chunk 3 --out '" + grads.string() + "'");
   REQUIRE(r.code == 0);
@@ -219,7 +221,7 @@ TEST_CASE("grad --device cuda without a CUDA build or a device: exit 1 naming th
   fixture f;
   const std::vector<std::int64_t> ids = {1, 2, 3, 4}, labels = {1, 2, 3, 4};
   const auto batch = f.batch(ids, labels, 1, 4, "device_batch.safetensors");
-  const auto out = f.dir / "device_grads.safetensors";
+  const auto out = f.out / "device_grads.safetensors";
   const auto r = cli_testing::run_with(
       "CUDA_VISIBLE_DEVICES= ", "grad --device cuda --model '" + f.dir.string() + "' --batch '" +
                                     batch.string() + "' --out '" + out.string() + "'");
@@ -238,7 +240,7 @@ TEST_CASE("grad --device cuda without a CUDA build or a device: exit 1 naming th
 // train likewise: the device is checked before the data (here: a file that does not exist) is read.
 TEST_CASE("train --device cuda without a CUDA build or a device: exit 1 before reading the data") {
   fixture f;
-  const auto out = f.dir / "device_trained";
+  const auto out = f.out / "device_trained";
   const auto r = cli_testing::run_with(
       "CUDA_VISIBLE_DEVICES= ", "train --device cuda --optimizer adam --preset tiny --data '" +
                                     (f.dir / "no_such_data.safetensors").string() +
@@ -259,7 +261,7 @@ TEST_CASE("train --device cuda without a CUDA build or a device: exit 1 before r
 // bench stream likewise, after its options are checked and before the --csv file is written.
 TEST_CASE("bench stream --device cuda without a CUDA build or a device: exit 1 naming the reason") {
   fixture f;
-  const auto csv = f.dir / "device_bench.csv";
+  const auto csv = f.out / "device_bench.csv";
   for (const std::string dtype : {"f32", "bf16"}) {
     CAPTURE(dtype);
     const auto r = cli_testing::run_with(
@@ -294,7 +296,7 @@ TEST_CASE("logprobs: forward-only log-probs that grad reads back without renamin
   w.add("rejected_labels", {p, t}, std::span<const std::int64_t>(rlab));
   const auto dpo = f.dir / "dpo.safetensors";
   w.write(dpo);
-  const auto with_ref = f.dir / "dpo_ref.safetensors";
+  const auto with_ref = f.out / "dpo_ref.safetensors";
   auto r = run("logprobs --model '" + f.dir.string() + "' --batch '" + dpo.string() + "' --out '" +
                with_ref.string() + "' --dtype f64 --chunk 4");
   REQUIRE(r.code == 0);
@@ -346,7 +348,7 @@ TEST_CASE("logprobs: forward-only log-probs that grad reads back without renamin
   g.add("input_ids", {p, t}, std::span<const std::int64_t>(gid));
   g.add("labels", {p, t}, std::span<const std::int64_t>(glab));
   g.add("advantages", {p}, std::span<const double>(adv));
-  const auto grpo = f.dir / "grpo.safetensors", with_old = f.dir / "grpo_old.safetensors";
+  const auto grpo = f.dir / "grpo.safetensors", with_old = f.out / "grpo_old.safetensors";
   g.write(grpo);
   r = run("logprobs --model '" + f.dir.string() + "' --batch '" + grpo.string() + "' --out '" +
           with_old.string() + "' --dtype f64 --as old --temperature 0.8");

@@ -59,6 +59,7 @@ bool have_device() {
 /// A random model directory (GQA 8/2 heads of 16, q/k-norm, untied) and a padded sft batch.
 struct fixture {
   fs::path dir = cli_testing::scratch("cuda_model");
+  fs::path outputs = cli_testing::scratch("cuda_out");  // never under the model directory
   model_config cfg = testing::small_gqa_config(301);
   fs::path batch = dir / "batch.safetensors";
   fixture() {
@@ -116,7 +117,7 @@ std::vector<double> logged_losses(const fs::path& log) {
 TEST_SUITE("cli_cuda_host") {
   TEST_CASE("grad --device cuda with no visible device: exit 1, the backend's error, no output") {
     fixture f;
-    const auto out = f.dir / "none.safetensors";
+    const auto out = f.outputs / "none.safetensors";
     const auto r = cli_testing::run_with(
         "CUDA_VISIBLE_DEVICES= ",
         "grad --device cuda --model " + q(f.dir) + " --batch " + q(f.batch) + " --out " + q(out));
@@ -129,7 +130,7 @@ TEST_SUITE("cli_cuda_host") {
 
   TEST_CASE("train --dtype bf16 and bench --device cuda with no visible device: exit 1 first") {
     fixture f;
-    const auto out = f.dir / "none_trained";
+    const auto out = f.outputs / "none_trained";
     const auto missing = f.dir / "no_such.safetensors";
     const std::string train_args = "train --device cuda --dtype bf16 --optimizer adamw --model " +
                                    q(f.dir) + " --data " + q(missing) + " --save-model " + q(out);
@@ -138,7 +139,7 @@ TEST_SUITE("cli_cuda_host") {
     CHECK(t.out.empty());
     CHECK(t.err.find("--device cuda: no CUDA device is available") != std::string::npos);
     CHECK(!fs::exists(out));
-    const auto csv = f.dir / "none.csv";
+    const auto csv = f.outputs / "none.csv";
     const auto b = cli_testing::run_with(
         "CUDA_VISIBLE_DEVICES= ",
         "bench stream --device cuda --dtype bf16 --preset small --seq 64 --csv " + q(csv));
@@ -214,11 +215,11 @@ TEST_SUITE("cli_cuda_gpu") {
     const std::string common = "train --model " + q(f.dir) + " --data " + q(data) +
                                " --optimizer adamw --lr 3e-3 --steps 4 --batch 6 --sched stream "
                                "--chunk 7 --clip 5 --quiet";
-    const auto cpu_log = f.dir / "cpu_bf16ref.jsonl", gpu_log = f.dir / "gpu_bf16.jsonl";
+    const auto cpu_log = f.outputs / "cpu_bf16ref.jsonl", gpu_log = f.outputs / "gpu_bf16.jsonl";
     const auto cpu = run(common + " --dtype f32 --log " + q(cpu_log));
     INFO(cpu.err);
     REQUIRE(cpu.code == 0);
-    const auto gpu_dir = f.dir / "gpu_bf16";
+    const auto gpu_dir = f.outputs / "gpu_bf16";
     const auto gpu = run(common + " --device cuda --dtype bf16 --log " + q(gpu_log) +
                          " --save-model " + q(gpu_dir));
     INFO(gpu.err);
@@ -241,12 +242,12 @@ TEST_SUITE("cli_cuda_gpu") {
     for (const std::string sched : {"full", "stream"}) {
       CAPTURE(sched);
       const std::string common = "--schedule " + sched + (sched == "stream" ? " --chunk 16" : "");
-      const auto cpu_file = f.dir / ("cpu_" + sched + ".safetensors");
+      const auto cpu_file = f.outputs / ("cpu_" + sched + ".safetensors");
       const auto cpu = f.grad(common + " --dtype f64", cpu_file);
       const auto cpu_grads = safetensors_file::open(cpu_file);
       for (const auto& [dtype, tol] : {std::pair{"f32", 1e-4}, std::pair{"bf16", 2e-2}}) {
         CAPTURE(dtype);
-        const auto gpu_file = f.dir / ("gpu_" + sched + "_" + dtype + ".safetensors");
+        const auto gpu_file = f.outputs / ("gpu_" + sched + "_" + dtype + ".safetensors");
         const auto gpu = f.grad(common + " --device cuda --dtype " + dtype, gpu_file);
         for (const auto& [key, value] : cpu.items()) {
           CAPTURE(key);
@@ -279,9 +280,9 @@ TEST_SUITE("cli_cuda_gpu") {
                                  " --steps 3 --batch 2 --sched stream --chunk 7 --clip 5 "
                                  "--schedule cosine --quiet";
       const auto tag = std::string(optimizer);
-      const auto cpu_dir = f.dir / ("cpu_" + tag), gpu_dir = f.dir / ("gpu_" + tag);
-      const auto cpu_log = f.dir / ("cpu_" + tag + ".jsonl"),
-                 gpu_log = f.dir / ("gpu_" + tag + ".jsonl");
+      const auto cpu_dir = f.outputs / ("cpu_" + tag), gpu_dir = f.outputs / ("gpu_" + tag);
+      const auto cpu_log = f.outputs / ("cpu_" + tag + ".jsonl"),
+                 gpu_log = f.outputs / ("gpu_" + tag + ".jsonl");
       const auto cpu =
           run(common + " --dtype f64 --log " + q(cpu_log) + " --save-model " + q(cpu_dir));
       INFO(cpu.err);

@@ -359,11 +359,17 @@ TEST_CASE("5./6. memory before validation: sizes are checked before anything is 
   check_one_line(
       run_limited("plan --preset small --seq 64 --budget 1G --max-seq 9223372036854775807"), 2,
       {"--max-seq", "9223372036854775807"});
-  check_one_line(
-      run_limited("plan --preset small --seq 64 --budget 1G --max-seq 4611686018427387904"), 2,
-      {"--max-seq 4611686018427387904", "this process may use"});
-  check_one_line(run_limited("plan --preset small --seq 100000000000000 --budget 1G"), 2,
-                 {"--seq 100000000000000", "this process may use"});
+  // The planner prices any T by a closed form (no allocation per token, issue 35): these are
+  // answered under the address-space limit; only a token count past 2^62 is refused.
+  const auto huge_max =
+      run_limited("plan --preset small --seq 64 --budget 1G --max-seq 4611686018427387904");
+  CHECK(huge_max.code == 0);
+  CHECK(huge_max.out.find("largest T: full") != std::string::npos);
+  const auto huge_seq = run_limited("plan --preset small --seq 100000000000000 --budget 1G");
+  CHECK(huge_seq.code == 0);
+  CHECK(huge_seq.out.find("chunk at T=100000000000000: none fits") != std::string::npos);
+  check_one_line(run_limited("plan --preset small --seq 4611686018427387904 --batch 2 --budget 1G"),
+                 2, {"--seq 4611686018427387904 x --batch 2", "more than 2^62 tokens"});
 }
 
 TEST_CASE("7. budgets and numbers: byte counts and counts out of range are argument errors") {

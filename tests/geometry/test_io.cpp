@@ -2,6 +2,7 @@
 // reading, and every malformed-file error.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -10,7 +11,12 @@
 #include <fstream>
 #include <span>
 #include <string>
+#include <thread>
 #include <variant>
+
+#if defined(__unix__)
+#include <sys/stat.h>
+#endif
 
 #include "geometry/support.hpp"
 #include "tightfit/geometry/cloud_io.hpp"
@@ -145,7 +151,7 @@ TEST_CASE("read_ply_stored keeps float coordinates as a float_cloud, the same va
   std::remove(path.c_str());
 }
 
-TEST_CASE("read_cloud_stored maps a float PLY and views it in place, with the stream's errors") {
+TEST_CASE("read_cloud_stored reads a float PLY by position, with the stream's errors") {
   const std::string path = tg::test::temp_path("mapped.ply");
   auto same_as_stream = [&](const tg::float_cloud& c) {
     std::ifstream in(path, std::ios::binary);
@@ -166,9 +172,9 @@ TEST_CASE("read_cloud_stored maps a float PLY and views it in place, with the st
     const auto c = std::get<tg::float_cloud>(tg::read_cloud_stored(path));
     same_as_stream(c);
     CHECK(c.coord(2, 0) == 0.25f * 6 - 1.0f);
-    kept = c;  // a copy shares the mapping
+    kept = c;  // a copy shares the coordinates
   }
-  std::remove(path.c_str());  // the mapping outlives the file's name and the first cloud
+  std::remove(path.c_str());  // the coordinates outlive the file and the first cloud
   CHECK(tg::point_at(kept, 2) == tg::point3(0.5, 0.75, 1.0));
   // float x, y, z among other properties, after an element before the vertices: viewed strided
   std::string t =
@@ -287,6 +293,22 @@ TEST_CASE("malformed PLY files raise a clear error") {
        "end_header\n1 nan 3\n",
        "expected finite"},
       {"ply\nformat ascii 1.0\nelement vertex 1\nproperty float x\n", "no end_header"},
+      // a header token too many, too few or malformed (issue 35): never read as something else
+      {"ply\nformat ascii 1.0\nelement vertex 46013abc\nproperty float x\n", "bad element line"},
+      {"ply\nformat ascii 1.0\nelement vertex 46013 999\nproperty float x\n", "bad element line"},
+      {"ply\nformat ascii 1.0\nelement vertex 0x10\nproperty float x\n", "bad element line"},
+      {"ply\nformat ascii 1.0\nelement vertex -1\nproperty float x\n", "bad element line"},
+      {"ply\nformat ascii 1.0\nelement vertex 1\nproperty float x\nproperty float y\nproperty "
+       "float z junk\nend_header\n1 2 3\n",
+       "bad property line"},
+      {"ply\nformat ascii 1.0 extra\nelement vertex 1\n", "bad format line"},
+      {"ply\nformat ascii\nelement vertex 1\n", "bad format line"},
+      {"ply\nformat ascii 2.0\nelement vertex 1\n", "bad format line"},
+      {"ply\nformat ascii 1.0\nelement vertex 1\nproperty list uchar x\n", "bad property line"},
+      {"ply\nformat ascii 1.0\nelement vertex 1\nproprety float x\n", "unknown keyword"},
+      {"ply\nformat ascii 1.0\nelement vertex 1\nproperty float x\nproperty float y\nproperty "
+       "float z\nend_header now\n1 2 3\n",
+       "bad end_header line"},
   };
   for (const auto& c : cases) {
     write_text(path, c[0]);
@@ -294,6 +316,73 @@ TEST_CASE("malformed PLY files raise a clear error") {
   }
   CHECK_THROWS_WITH_AS(tg::read_ply(tg::test::temp_path("does_not_exist.ply")),
                        doctest::Contains("cannot open"), tightfit::error);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("clouds: a directory is refused by name, a FIFO without a writer does not block") {
+  const std::string dir = tg::test::temp_path("cloud_dir.ply");
+  std::filesystem::create_directories(dir);
+  for (auto read : {+[](const std::string& p) { (void)tg::read_cloud_stored(p); },
+                    +[](const std::string& p) { (void)tg::read_cloud(p); },
+                    +[](const std::string& p) { (void)tg::read_xyz(p); }})
+    CHECK_THROWS_WITH_AS(read(dir), doctest::Contains("is a directory"), tightfit::error);
+  std::filesystem::remove(dir);
+#if defined(__unix__)
+  const std::string fifo = tg::test::temp_path("cloud_fifo.ply");
+  std::remove(fifo.c_str());
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  // no writer: the open does not wait for one, and the empty stream is no PLY
+  CHECK_THROWS_WITH_AS(tg::read_cloud_stored(fifo), doctest::Contains("expected 'ply'"),
+                       tightfit::error);
+  std::remove(fifo.c_str());
+#endif
+}
+
+TEST_CASE("clouds: max_points refuses a larger cloud before its points are read") {
+  const std::string path = tg::test::temp_path("many.ply");
+  tg::points p(10, tg::point3(1, 2, 3));
+  tg::write_ply(path, p);
+  CHECK(tg::read_ply(path, 10).size() == 10);
+  CHECK_THROWS_WITH_AS(tg::read_ply(path, 9),
+                       doctest::Contains("has 10 vertices, more than the limit of 9 points"),
+                       tightfit::error);
+  CHECK_THROWS_WITH_AS(tg::read_cloud_stored(path, 9), doctest::Contains("limit of 9"),
+                       tightfit::error);
+  const std::string xyz = tg::test::temp_path("many.xyz");
+  tg::write_xyz(xyz, p);
+  CHECK(tg::read_xyz(xyz, 10).size() == 10);
+  CHECK_THROWS_WITH_AS(tg::read_cloud(xyz, 9), doctest::Contains("more points than the limit of 9"),
+                       tightfit::error);
+  std::remove(path.c_str());
+  std::remove(xyz.c_str());
+}
+
+TEST_CASE("clouds: a file truncated while it is read ends in an error naming it, never SIGBUS") {
+  // The reader runs against a file another thread shrinks to nothing: every read either completes
+  // (the truncation came after it) or throws tightfit::error naming the file. A mapped reader
+  // died of SIGBUS here (issue 35).
+  const std::string path = tg::test::temp_path("shrinking.ply");
+  tg::points p(200000);
+  for (std::size_t i = 0; i < p.size(); ++i)
+    p[i] = tg::point3(static_cast<double>(i % 97), static_cast<double>(i % 13), 0.5);
+  int errors = 0, complete = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    tg::write_ply(path, p);
+    std::thread shrink([&] {
+      std::this_thread::sleep_for(std::chrono::microseconds(200 * (trial % 10)));
+      std::filesystem::resize_file(path, 0);
+    });
+    try {
+      const auto c = tg::read_cloud_stored(path);
+      CHECK(std::get<tg::points>(c).size() == p.size());
+      ++complete;
+    } catch (const tightfit::error& e) {
+      CHECK(std::string(e.what()).find(path) != std::string::npos);
+      ++errors;
+    }
+    shrink.join();
+  }
+  CHECK(errors + complete == 40);
   std::remove(path.c_str());
 }
 

@@ -167,9 +167,9 @@ TEST_CASE("degenerate inputs: a clear error or a documented degenerate result") 
   CHECK(max_error(a.dims, b.dims) < 1e-6);
   // bad options and a bad belt
   tg::mebb_options bad;
-  bad.kappa = 0;
+  bad.faces.kappa = 0;
   CHECK_THROWS_WITH_AS(tg::measure(sc.cloud, tg::box_method::mebb, tg::belt_choice::at_z(0.0), bad),
-                       doctest::Contains("kappa"), tightfit::error);
+                       doctest::Contains("faces.kappa is 0"), tightfit::error);
   CHECK_THROWS_AS(tg::measure(sc.cloud, tg::box_method::mebb,
                               {tg::belt_choice::given, {tg::point3::Zero(), 0}}),
                   tightfit::error);
@@ -225,10 +225,10 @@ TEST_CASE("solid-edge depth: the body's top strip before a gap, a grip below the
     CHECK(se.depth == 0.0);
     // without the exceptions the gap rule reads the strip as a grip: the depth of the far side
     tg::mebb_options plain = o;
-    plain.solid_top_run = false, plain.solid_shadow_gap = false;
+    plain.solid_edge.top_run = false, plain.solid_edge.shadow_gap = false;
     const auto gap = tg::detail::solid_edge_depth(u, lo, hi, 0, 1.0, plain);
     CHECK_FALSE(gap.top_run);
-    CHECK(gap.depth >= 0.08 - o.column);
+    CHECK(gap.depth >= 0.08 - o.faces.column);
     CHECK(gap.depth <= 0.08);
   }
   SUBCASE("a grip below the top followed by a gap: the depth counts to the body") {
@@ -244,7 +244,7 @@ TEST_CASE("solid-edge depth: the body's top strip before a gap, a grip below the
       const auto se = tg::detail::solid_edge_depth(u, lo, hi, 0, 1.0, o);
       CHECK_FALSE(se.top_run);
       CHECK(std::abs(se.run_height - (0.3 - below)) < 0.001);
-      CHECK(se.depth >= 0.052 - o.column);
+      CHECK(se.depth >= 0.052 - o.faces.column);
       CHECK(se.depth <= 0.052);
     }
   }
@@ -268,16 +268,16 @@ TEST_CASE("solid-edge depth: a shadow on the top after the rounded edge is not a
       0.25, [](double depth, double y) { return depth <= 0.012 || depth >= 0.037 || y < -0.12; },
       0.04);
   const auto se = tg::detail::solid_edge_depth(u, lo, hi, 0, 1.0, o);
-  CHECK_FALSE(se.top_run);                          // the run itself lies below the top ...
-  CHECK(0.3 - se.run_height > o.column);            // ... by more than g
-  CHECK(std::abs(se.gap_height - 0.3) < o.column);  // but the gap's points are at the top
+  CHECK_FALSE(se.top_run);                                // the run itself lies below the top ...
+  CHECK(0.3 - se.run_height > o.faces.column);            // ... by more than g
+  CHECK(std::abs(se.gap_height - 0.3) < o.faces.column);  // but the gap's points are at the top
   CHECK(se.shadow_gap);
   CHECK(se.depth == 0.0);
   tg::mebb_options plain = o;
-  plain.solid_shadow_gap = false;  // without the rule: the depth of the far side of the shadow
+  plain.solid_edge.shadow_gap = false;  // without the rule: the depth of the far side of the shadow
   const auto gap = tg::detail::solid_edge_depth(u, lo, hi, 0, 1.0, plain);
   CHECK_FALSE(gap.shadow_gap);
-  CHECK(gap.depth >= 0.037 - o.column);
+  CHECK(gap.depth >= 0.037 - o.faces.column);
   CHECK(gap.depth <= 0.037);
 }
 
@@ -337,8 +337,8 @@ TEST_CASE("standing bags with an extended handle: measured right or flagged") {
 // The benchmark's standing-handles scenario (scene_scenario::standing_handles: every bag stands on
 // its end with the telescopic handle raised 10-40 cm): scans whose grip and veils hid the strip
 // of the top end along the back panel. They gave boxes 11-30 mm too thin with status ok before
-// the hidden mask (mebb_options::hidden_mask); now each must be within 5 mm per side with status
-// ok, or not ok: never ok and wrong.
+// the hidden-edge check (mebb_options::checks.hidden); now each must be within 5 mm per side with
+// status ok, or not ok: never ok and wrong.
 TEST_CASE("standing bags with a raised handle: within 5 mm and ok, or not ok") {
   struct scan {
     std::uint64_t seed;
@@ -375,7 +375,7 @@ TEST_CASE("a face held out by a grip below the top: the grip is cut off, the box
   CHECK(m.status == tg::measure_status::ok);
   CHECK(max_error(m.dims, sc.dims) < 0.005);
   tg::mebb_options plain;
-  plain.solid_grip_trim = false;  // without the cut: the grip holds the face out, flagged
+  plain.solid_edge.grip_trim = false;  // without the cut: the grip holds the face out, flagged
   const auto f = tg::measure(sc.cloud, tg::box_method::mebb, {}, plain);
   CHECK(f.status != tg::measure_status::ok);
   CHECK(max_error(f.dims, sc.dims) > 0.04);

@@ -199,7 +199,7 @@ TEST_CASE("no silent wrong box: a standing bag's handles do not lift its top") {
   CHECK(m.status == tg::measure_status::ok);
   CHECK(tg::test::max_error(m.dims, sc.dims) < 0.005);
   tg::mebb_options guarded;
-  guarded.belt_top_safeguard = true;
+  guarded.faces.belt_top_safeguard = true;
   const auto before = tg::measure(sc.cloud, tg::box_method::mebb, {}, guarded);
   CHECK(tg::test::max_error(before.dims, sc.dims) > 0.04);
 }

@@ -1,6 +1,6 @@
 // The silhouette offset (silhouette.hpp): the ray tilt read from the belt's shadow and the edge
 // radius read from the corners, on exact synthetic geometry and against the generator's camera
-// and radius; and the yaw steps that go on while the walls still turn (mebb_options::yaw_settle).
+// and radius; and the yaw steps that go on while the walls still turn (mebb_options::yaw.settle).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -171,19 +171,19 @@ TEST_CASE("the yaw steps go on while the walls still turn by more than yaw_settl
   so.random_frame = true;
   const auto sc = tg::make_scene(so);
   tg::mebb_options fixed;
-  fixed.yaw_settle = INFINITY;
+  fixed.yaw.settle = INFINITY;
   const auto before = tg::measure(sc.cloud, tg::box_method::mebb, {}, fixed);
   const auto after = tg::measure(sc.cloud, tg::box_method::mebb);
   REQUIRE(before.mebb.has_value());
   REQUIRE(after.mebb.has_value());
-  CHECK(before.mebb->outer_runs == fixed.outer_iterations);
-  CHECK(after.mebb->outer_runs > fixed.outer_iterations);
-  CHECK(after.mebb->outer_runs <= fixed.max_outer_iterations);
+  CHECK(before.mebb->outer_runs == fixed.yaw.outer_iterations);
+  CHECK(after.mebb->outer_runs > fixed.yaw.outer_iterations);
+  CHECK(after.mebb->outer_runs <= fixed.yaw.max_outer_iterations);
   CHECK(tg::test::max_error(before.dims, sc.dims) > 0.008);
   CHECK(tg::test::max_error(after.dims, sc.dims) < 0.005);
   CHECK(after.status == tg::measure_status::ok);
   tg::mebb_options bad;
-  bad.yaw_settle = -1;
+  bad.yaw.settle = -1;
   CHECK_THROWS_WITH_AS(tg::measure(sc.cloud, tg::box_method::mebb, {}, bad),
-                       doctest::Contains("yaw_settle is -1"), tightfit::error);
+                       doctest::Contains("yaw.settle is -1"), tightfit::error);
 }

@@ -16,6 +16,10 @@
 
 #include <nlohmann/json.hpp>
 
+#if defined(__unix__)
+#include <sys/stat.h>
+#endif
+
 #include "io_testing.hpp"
 #include "support/testing.hpp"
 #include "tightfit/io/safetensors.hpp"
@@ -285,8 +289,8 @@ TEST_CASE("safetensors_file: open errors name the path; the file is movable") {
   tightfit::testing::scratch_dir dir;
   CHECK(contains(error_of([&] { (void)safetensors_file::open(dir / "absent.safetensors"); }),
                  "absent.safetensors: cannot open"));
-  CHECK(
-      contains(error_of([&] { (void)safetensors_file::open(dir.path()); }), "not a regular file"));
+  CHECK(contains(error_of([&] { (void)safetensors_file::open(dir.path()); }),
+                 "is a directory, expected a regular file"));
   safetensors_writer w;
   const std::vector<float> v = {1.5f, 2.5f};
   w.add("v", {2}, std::span<const float>(v));
@@ -297,6 +301,38 @@ TEST_CASE("safetensors_file: open errors name the path; the file is movable") {
   c = std::move(b);
   CHECK(c.read<float>("v") == v);
   CHECK(c.source() == (dir / "v.safetensors").string());
+}
+
+TEST_CASE("safetensors_file: a file truncated after it was opened gives an error naming it") {
+  // read by position, not mapped: the lost bytes are a short read, not SIGBUS (issue 35)
+  tightfit::testing::scratch_dir dir;
+  const std::vector<double> big(1 << 18, 0.25);  // 2 MiB: several 1 MiB blocks when converted
+  safetensors_writer w;
+  w.add("a", {static_cast<index_t>(big.size())}, std::span<const double>(big));
+  w.add("i", {4}, std::span<const std::int64_t>(std::vector<std::int64_t>{1, 2, 3, 4}));
+  const auto path = dir / "shrinks.safetensors";
+  for (std::uintmax_t keep : {std::uintmax_t{0}, std::uintmax_t{100}, std::uintmax_t{1} << 20}) {
+    CAPTURE(keep);
+    w.write(path);
+    const auto f = safetensors_file::open(path);
+    CHECK(f.read<double>("a") == big);
+    std::filesystem::resize_file(path, keep);
+    for (auto read : {+[](const safetensors_file& g) { (void)g.read<double>("a"); },
+                      +[](const safetensors_file& g) { (void)g.read<float>("a"); },
+                      +[](const safetensors_file& g) { (void)g.read_ints("i"); },
+                      +[](const safetensors_file& g) { (void)g.read_raw("a"); }}) {
+      const std::string e = error_of([&] { read(f); });
+      CHECK(contains(e, path.string() + ": the file ends at byte"));
+      CHECK(contains(e, "truncated while it was read"));
+    }
+  }
+  // a FIFO is refused when opened, without waiting for a writer
+#if defined(__unix__)
+  const auto fifo = dir / "fifo.safetensors";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK(contains(error_of([&] { (void)safetensors_file::open(fifo); }),
+                 "is a FIFO, expected a regular file"));
+#endif
 }
 
 #if defined(TIGHTFIT_IO_PYTHON) && (defined(__unix__) || defined(__APPLE__))

@@ -191,3 +191,166 @@ TEST_CASE("stored_layer_inputs and the planner's spacing") {
                                                sft_loss{}) > budget);
   }
 }
+
+namespace {
+
+/// A Gemma 3 style configuration (sliding windows, q/k-norm, tied) and a Gemma 2 one (logit
+/// soft-capping): the planner's default layer is gemma_layer for them.
+model_config planner_gemma_config(bool gemma2) {
+  model_config c = tiny_config(4, 2, !gemma2, true, 3);
+  c.architecture = gemma2 ? "Gemma2ForCausalLM" : "Gemma3ForCausalLM";
+  c.query_pre_attn_scalar = 10;
+  c.sliding_window = 4;
+  c.sliding_layers = {true, true, false};
+  if (gemma2) c.final_logit_softcapping = 30;
+  return c;
+}
+
+/// The peaks of the dry run itself (no closed form) with the config's layer.
+template <class O>
+predicted_peaks dry_run_peaks(const model_config& cfg, index_t batch, index_t t,
+                              const backward_options& o, const O& objective) {
+  return with_config_layer(cfg, [&](auto layer) {
+    detail::dry_runner<float, decltype(layer)::template type, O> r(cfg, objective);
+    const auto run = r.run(batch, t, o, false);
+    return predicted_peaks{run.activation_bytes, run.host_bytes};
+  });
+}
+
+/// One recording dry run (batch 1) with the config's layer, for closed_form_peaks.
+detail::recorded_run dry_run_peaks_recorded(const model_config& cfg, index_t t,
+                                            const backward_options& o) {
+  return with_config_layer(cfg, [&](auto layer) {
+    detail::dry_runner<float, decltype(layer)::template type, sft_loss> r(cfg, sft_loss{});
+    return r.run(1, t, o, true);
+  });
+}
+
+/// The plan with every price a dry run at T (the planner before the closed form): the reference
+/// the closed form must reproduce. The searches are plan_memory's own (detail::plan_search).
+plan_result reference_plan(const model_config& config, index_t batch, index_t seq_len,
+                           std::size_t budget_bytes, index_t stream_chunk, index_t max_seq) {
+  return detail::plan_search(config.num_hidden_layers, seq_len, budget_bytes, stream_chunk, max_seq,
+                             [&](index_t t, const backward_options& o) {
+                               return dry_run_peaks(config, batch, t, o, sft_loss{});
+                             });
+}
+
+}  // namespace
+
+TEST_CASE("the planner's closed form equals the dry run for every schedule, chunk and T") {
+  auto qwen2 = tiny_config(4, 2, false, false, 4);
+  qwen2.qkv_bias = true;
+  const std::vector<model_config> configs = {tiny_config(4, 2, true, false, 5), qwen2,
+                                             planner_gemma_config(false),
+                                             planner_gemma_config(true)};
+  std::size_t compared = 0;
+  for (const auto& cfg : configs) {
+    for (index_t b : {index_t{1}, index_t{3}}) {
+      for (auto s :
+           {backward_schedule::full, backward_schedule::checkpoint, backward_schedule::stream}) {
+        for (index_t k = 1; k <= (s == backward_schedule::full ? 1 : 3); ++k) {
+          for (bool offload : {false, true}) {
+            if (offload && s == backward_schedule::full) continue;
+            for (index_t head_rows : {index_t{0}, index_t{7}}) {
+              // one cache per configuration of options, as in a planner call
+              detail::peak_model_cache cache;
+              for (index_t c : {index_t{1}, index_t{3}, index_t{16}, index_t{100}}) {
+                for (index_t t :
+                     {index_t{1}, index_t{2}, index_t{5}, index_t{17}, index_t{64}, index_t{250}}) {
+                  backward_options o;
+                  o.sched = s;
+                  o.chunk = c;
+                  o.keep_every = k;
+                  o.offload_layer_inputs = offload;
+                  o.head_chunk_rows = head_rows;
+                  CAPTURE(cfg.architecture);
+                  CAPTURE(b);
+                  CAPTURE(to_string(s));
+                  CAPTURE(k);
+                  CAPTURE(offload);
+                  CAPTURE(head_rows);
+                  CAPTURE(c);
+                  CAPTURE(t);
+                  const auto want = dry_run_peaks(cfg, b, t, o, sft_loss{});
+                  const auto got = predict_peaks<float>(cfg, b, t, o, sft_loss{}, &cache);
+                  CHECK(got.activation_bytes == want.activation_bytes);
+                  CHECK(got.host_bytes == want.host_bytes);
+                  ++compared;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK(compared > 3000);
+}
+
+TEST_CASE("the built-in layers follow the closed form in every class (no fallback to dry runs)") {
+  for (const auto& cfg : {tiny_config(4, 2, true, false, 4), planner_gemma_config(false)}) {
+    for (auto s : {backward_schedule::checkpoint, backward_schedule::stream}) {
+      for (index_t t : {index_t{3}, index_t{20}, index_t{1000}}) {     // 1, 2 and >= 3 chunks
+        for (index_t h : {index_t{5000}, index_t{15}, index_t{64}}) {  // 1, 2, >= 3 head chunks
+          backward_options o;
+          o.sched = s;
+          o.chunk = 10;
+          o.keep_every = 2;
+          o.head_chunk_rows = h;
+          CAPTURE(cfg.architecture);
+          CAPTURE(to_string(s));
+          CAPTURE(t);
+          CAPTURE(h);
+          auto run = [&](const detail::dry_point& p) {
+            backward_options po = o;
+            po.chunk = p.chunk;
+            po.head_chunk_rows = p.head_rows;
+            return dry_run_peaks_recorded(cfg, p.seq_len, po);
+          };
+          const auto closed = detail::closed_form_peaks(1, t, o, 64, run, nullptr);
+          REQUIRE(closed.has_value());
+          CHECK(closed->activation_bytes ==
+                dry_run_peaks(cfg, 1, t, o, sft_loss{}).activation_bytes);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("plan_memory answers as the dry-run search did, for every budget") {
+  auto qwen2 = tiny_config(4, 2, false, false, 4);
+  qwen2.qkv_bias = true;
+  qwen2.vocab_size = 300;
+  for (const auto& cfg : {tiny_config(4, 2, true, false, 6), qwen2, planner_gemma_config(false)}) {
+    for (index_t b : {index_t{1}, index_t{2}}) {
+      for (index_t t : {index_t{1}, index_t{7}, index_t{64}, index_t{300}}) {
+        for (std::size_t budget : {std::size_t{1}, std::size_t{20000}, std::size_t{300000},
+                                   std::size_t{3} << 20, std::size_t{64} << 20}) {
+          CAPTURE(cfg.architecture);
+          CAPTURE(b);
+          CAPTURE(t);
+          CAPTURE(budget);
+          const auto want = reference_plan(cfg, b, t, budget, 16, 1 << 12);
+          const auto got = plan_memory<float>(cfg, b, t, budget, sft_loss{}, 16, 1 << 12);
+          CHECK(got.chunk == want.chunk);
+          CHECK(got.chunk_peak_bytes == want.chunk_peak_bytes);
+          CHECK(got.keep_every == want.keep_every);
+          CHECK(got.recomputed_layers == want.recomputed_layers);
+          CHECK(got.max_seq_full == want.max_seq_full);
+          CHECK(got.max_seq_checkpoint == want.max_seq_checkpoint);
+          CHECK(got.max_seq_stream == want.max_seq_stream);
+          CHECK(got.stream_chunk == want.stream_chunk);
+          CHECK(got.max_seq_checkpoint_spaced == want.max_seq_checkpoint_spaced);
+          CHECK(got.checkpoint_keep_every == want.checkpoint_keep_every);
+          CHECK(got.max_seq_stream_spaced == want.max_seq_stream_spaced);
+          CHECK(got.stream_keep_every == want.stream_keep_every);
+          CHECK(got.max_seq_checkpoint_offload == want.max_seq_checkpoint_offload);
+          CHECK(got.max_seq_stream_offload == want.max_seq_stream_offload);
+          CHECK(got.checkpoint_offload_host_bytes == want.checkpoint_offload_host_bytes);
+          CHECK(got.stream_offload_host_bytes == want.stream_offload_host_bytes);
+        }
+      }
+    }
+  }
+}

@@ -5,6 +5,7 @@
 #   floor 1  backend/, io/, loss/, geometry/   (core/ only: file formats, objectives and point
 #            clouds know no model and no backend)
 #   floor 2  nn/        the layers and models (nn/hf_model.hpp, nn/peft.hpp read io/)
+#            text/      tokenizers and chat formats (text/tokenizer.hpp reads io/hf.hpp)
 #   floor 3  stream/    the gradient schedules, the head, the planner
 #   floor 4  dist/      communicators, data- and sequence-parallel gradients
 #   floor 5  optim/     optimizers (ZeRO-1 included) and the training loop
@@ -33,6 +34,7 @@ set(floor_io 1)
 set(floor_loss 1)
 set(floor_geometry 1)
 set(floor_nn 2)
+set(floor_text 2)
 set(floor_stream 3)
 set(floor_dist 4)
 set(floor_optim 5)

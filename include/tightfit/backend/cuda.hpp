@@ -77,7 +77,7 @@ requires(std::is_same_v<Storage, float> ||
   using S = Storage;
   using F = float;
 
-  explicit cuda_backend(cuda_backend_options options = {})
+  explicit cuda_backend(const cuda_backend_options& options = {})
       : options_(options), ctx_(options.device) {}
   cuda_backend(const cuda_backend&) = delete;
   cuda_backend& operator=(const cuda_backend&) = delete;

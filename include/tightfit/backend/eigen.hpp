@@ -76,7 +76,7 @@ class eigen_backend : public detail::host_storage<T> {
   using value_type = T;
 
   /// A backend with the given tuning; throws tightfit::error for non-positive tile sizes.
-  explicit eigen_backend(eigen_backend_options options = {})
+  explicit eigen_backend(const eigen_backend_options& options = {})
       : options_(options), arena_(options.threads) {
     check(options_.attention_tile_q >= 1, "eigen_backend: attention_tile_q is ",
           options_.attention_tile_q, ", expected >= 1");

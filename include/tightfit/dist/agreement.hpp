@@ -12,18 +12,14 @@
 #include <vector>
 
 #include "tightfit/core/error.hpp"
+#include "tightfit/core/hash.hpp"
 #include "tightfit/dist/communicator.hpp"
 
 namespace tightfit {
 
 /// FNV-1a 64-bit hash of a description (stable across processes and hosts).
 inline std::uint64_t description_hash(std::string_view text) {
-  std::uint64_t h = 1469598103934665603ULL;
-  for (const char c : text) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 1099511628211ULL;
-  }
-  return h;
+  return fnv1a_64(text);
 }
 
 /// Throws on every rank unless all ranks passed the same `description` (`what` names it).

@@ -2,29 +2,36 @@
 // little-endian; x, y, z as float or double; other properties and elements ignored) and XYZ/CSV
 // text (three numbers per line, separated by spaces, tabs or commas; '#' comments; one header
 // line allowed). read_cloud / read_ply widen to `points` (double); read_cloud_stored keeps a
-// binary PLY's float x, y, z as a float_cloud: on POSIX systems the file is memory-mapped and the
-// cloud is a view of the mapping (no copy of the vertices at all), elsewhere it is read with one
-// read(). A mapped file must not be truncated by another process while its cloud is in use (the
-// system would signal SIGBUS on the lost pages); every check below runs on the mapped length.
+// binary PLY's float x, y, z as a float_cloud (12 bytes per point, read with one positional read
+// when the vertices are exactly x, y, z).
 //
-// Every malformed input (missing header fields, big-endian or list vertex properties, truncated
-// data, a bad number, NaN or infinite coordinates) raises tightfit::error naming the file and the
-// offending line, vertex or property; nothing is silently skipped. Untrusted sizes: every count
-// read from a file is checked against the file's length before anything is allocated (a
-// 243-byte PLY cannot claim 10^8 vertices; element sizes cannot overflow), lines are read with a
-// bounded length (a header line, or an XYZ line, longer than max_line_bytes is an error, so
-// /dev/zero or a file without newlines cannot grow memory), and data of unknown length (a pipe)
-// is read in bounded chunks.
+// Files are read by position (pread on POSIX systems, never mmap): a file truncated by another
+// process while it is read ends in a tightfit::error naming the file ("the file ends at byte
+// ..."), never in SIGBUS. A path that is a directory is refused by name; a FIFO or a device is read
+// as a stream of unknown length, and opening a FIFO that has no writer does not block (it reads as
+// empty).
+//
+// Every malformed input (a header line with a missing, extra or malformed token, an unknown
+// keyword, big-endian or list vertex properties, truncated data, a bad number, NaN or infinite
+// coordinates) raises tightfit::error naming the file and the offending line, vertex or
+// property; nothing is silently skipped. Untrusted sizes: every count read from a file is checked
+// against the file's length before anything is allocated (a 243-byte PLY cannot claim 10^8
+// vertices; element sizes cannot overflow) and against the caller's max_points, lines are read
+// with a bounded length (a header line, or an XYZ line, longer than max_line_bytes is an error,
+// so /dev/zero or a file without newlines cannot grow memory), and data of unknown length (a
+// pipe) is read in bounded chunks.
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <span>
 #include <sstream>
@@ -35,10 +42,9 @@
 
 #if defined(__unix__) || defined(__APPLE__)
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#define TIGHTFIT_HAVE_MMAP 1
+#define TIGHTFIT_CLOUD_IO_POSIX 1
 #endif
 
 #include "tightfit/core/error.hpp"
@@ -48,6 +54,8 @@ namespace tightfit::geometry {
 
 /// The longest line read_ply (header) and read_xyz accept.
 inline constexpr std::size_t max_line_bytes = 1u << 16;
+/// No limit on the points of a cloud (beyond what its file can hold).
+inline constexpr std::size_t unlimited_points = static_cast<std::size_t>(-1);
 
 namespace detail {
 // getline with a bound: false at the end of the input; throws when a line exceeds `limit`.
@@ -118,7 +126,15 @@ struct ply_vertices {
   int ix = -1, iy = -1, iz = -1;  // the x, y, z properties
   int lineno = 0;                 // the last header line (ascii messages)
 };
-inline ply_vertices read_ply_header(std::istream& in, const std::string& path, long long length) {
+// The whitespace-separated tokens of a header line.
+inline std::vector<std::string> ply_tokens(const std::string& line) {
+  std::vector<std::string> out;
+  std::istringstream ls(line);
+  for (std::string t; ls >> t;) out.push_back(t);
+  return out;
+}
+inline ply_vertices read_ply_header(std::istream& in, const std::string& path, long long length,
+                                    std::size_t max_points = unlimited_points) {
   std::string line;
   detail::bounded_getline(in, line, path, "read_ply", 1, 64);
   if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -132,39 +148,51 @@ inline ply_vertices read_ply_header(std::istream& in, const std::string& path, l
     ++lineno;
     check(lineno <= 100000, "read_ply: '", path, "' has a header of more than 100000 lines");
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    std::istringstream ls(line);
-    std::string kw;
-    ls >> kw;
+    const std::vector<std::string> tok = ply_tokens(line);
+    auto bad = [&](const char* expected) {
+      fail("read_ply: '", path, "' line ", lineno, ": bad ", tok.empty() ? "" : tok[0].c_str(),
+           " line '", line.substr(0, 80), "' (expected ", expected, ")");
+    };
+    if (tok.empty()) continue;
+    const std::string& kw = tok[0];
+    if (kw == "comment" || kw == "obj_info") continue;
     if (kw == "format") {
-      ls >> format;
+      if (tok.size() != 3 || tok[2] != "1.0" || !format.empty())
+        bad("one line 'format ascii|binary_little_endian|binary_big_endian 1.0'");
+      format = tok[1];
     } else if (kw == "element") {
+      // the count: decimal digits only, below 2^40 (no sign, no hex, nothing after it)
+      if (tok.size() != 3 || tok[2].empty() || tok[2].size() > 13 ||
+          tok[2].find_first_not_of("0123456789") != std::string::npos ||
+          std::stoull(tok[2]) >= (1ull << 40))
+        bad("'element NAME COUNT' with a count in [0, 2^40)");
       detail::ply_element e;
-      long long n = -1;
-      ls >> e.name >> n;
-      check(!ls.fail() && n >= 0 && n < (1ll << 40), "read_ply: '", path, "' line ", lineno,
-            ": bad element line '", line, "' (expected a count in [0, 2^40))");
-      e.count = static_cast<std::size_t>(n);
+      e.name = tok[1];
+      e.count = static_cast<std::size_t>(std::stoull(tok[2]));
       elements.push_back(e);
     } else if (kw == "property") {
       check(!elements.empty(), "read_ply: '", path, "' line ", lineno,
             ": property before any element");
       detail::ply_property p;
-      std::string t;
-      ls >> t;
-      if (t == "list") {
-        std::string ct, it;
-        ls >> ct >> it >> p.name;
-        p.list = true, p.type = ct + " " + it;
+      if (tok.size() >= 2 && tok[1] == "list") {
+        if (tok.size() != 5) bad("'property list COUNT_TYPE ITEM_TYPE NAME'");
+        p.list = true, p.type = tok[2] + " " + tok[3], p.name = tok[4];
+        check(detail::ply_type_size(tok[2]) > 0 && detail::ply_type_size(tok[3]) > 0, "read_ply: '",
+              path, "' line ", lineno, ": unknown type in '", line.substr(0, 80), "'");
       } else {
-        p.type = t;
-        ls >> p.name;
-        check(detail::ply_type_size(t) > 0, "read_ply: '", path, "' line ", lineno,
-              ": unknown type '", t, "'");
+        if (tok.size() != 3) bad("'property TYPE NAME'");
+        p.type = tok[1], p.name = tok[2];
+        check(detail::ply_type_size(p.type) > 0, "read_ply: '", path, "' line ", lineno,
+              ": unknown type '", p.type, "'");
       }
       elements.back().props.push_back(p);
     } else if (kw == "end_header") {
+      if (tok.size() != 1) bad("'end_header' alone");
       ended = true;
       break;
+    } else {
+      fail("read_ply: '", path, "' line ", lineno, ": unknown keyword '", kw.substr(0, 40),
+           "' (expected format, element, property, comment, obj_info or end_header)");
     }
   }
   check(ended, "read_ply: '", path, "' has no end_header line");
@@ -189,6 +217,8 @@ inline ply_vertices read_ply_header(std::istream& in, const std::string& path, l
           "' is a list, expected scalars");
   }
   check(ix >= 0 && iy >= 0 && iz >= 0, "read_ply: '", path, "' vertex element lacks x, y or z");
+  check(ve.count <= max_points, "read_ply: '", path, "' has ", ve.count,
+        " vertices, more than the limit of ", max_points, " points");
   // every count against what the file can hold, before anything is allocated
   const long long left = detail::bytes_left(in, length);
   {
@@ -300,9 +330,11 @@ inline points read_ply_points(std::istream& in, const std::string& path, const p
 }  // namespace detail
 
 /// Reads the vertices of a PLY from a binary stream `in` of `length` bytes (-1: unknown, then
-/// the data is read in bounded chunks); `path` names it in messages.
-inline points read_ply(std::istream& in, const std::string& path, long long length) {
-  const detail::ply_vertices ve = detail::read_ply_header(in, path, length);
+/// the data is read in bounded chunks); `path` names it in messages. A file of more than
+/// `max_points` vertices is refused before they are read.
+inline points read_ply(std::istream& in, const std::string& path, long long length,
+                       std::size_t max_points = unlimited_points) {
+  const detail::ply_vertices ve = detail::read_ply_header(in, path, length, max_points);
   return detail::read_ply_points(in, path, ve);
 }
 
@@ -384,54 +416,141 @@ class memory_buf : public std::streambuf {
   }
 };
 
-// A whole regular file mapped read-only (null when it cannot be: not a regular file, empty, no
-// mmap on this system, or the system refused; the caller then reads it as a stream).
-struct file_mapping {
-  const char* data = nullptr;
-  std::size_t size = 0;
-  file_mapping() = default;
-  file_mapping(const file_mapping&) = delete;
-  file_mapping& operator=(const file_mapping&) = delete;
-  ~file_mapping() {
-#if defined(TIGHTFIT_HAVE_MMAP)
-    if (data) ::munmap(const_cast<char*>(data), size);
+// A file read through a stream buffer by position (pread) when it is a regular file, by read()
+// otherwise (a FIFO, a device). Opening never blocks (O_NONBLOCK, cleared once open: a FIFO with
+// no writer reads as empty); a directory is refused by name; a regular file that ends before the
+// length it had when opened throws tightfit::error naming it (truncated while read), which the
+// readers' istreams pass on (badbit in their exception mask). Large reads go straight into the
+// destination; seeking works on regular files.
+class file_buf : public std::streambuf {
+ public:
+  file_buf(const std::string& path, const char* who) : path_(path) {
+#if defined(TIGHTFIT_CLOUD_IO_POSIX)
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    check(fd_ >= 0, who, ": cannot open '", path, "': ", std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0 || S_ISDIR(st.st_mode)) {
+      const bool dir = S_ISDIR(st.st_mode);
+      ::close(fd_);
+      fd_ = -1;
+      fail(who, ": '", path, "' ", dir ? "is a directory, expected a file" : "cannot be read");
+    }
+    const int flags = ::fcntl(fd_, F_GETFL);
+    if (flags >= 0) (void)::fcntl(fd_, F_SETFL, flags & ~O_NONBLOCK);
+    regular_ = S_ISREG(st.st_mode);
+    length_ = regular_ ? static_cast<long long>(st.st_size) : -1;
+#else
+    std::error_code ec;
+    check(!std::filesystem::is_directory(path, ec), who, ": '", path,
+          "' is a directory, expected a file");
+    in_.open(path, std::ios::binary);
+    check(in_.good(), who, ": cannot open '", path, "'");
+    length_ = file_length(path);
 #endif
+    setg(buf_, buf_, buf_);
+  }
+  file_buf(const file_buf&) = delete;
+  file_buf& operator=(const file_buf&) = delete;
+  ~file_buf() override {
+#if defined(TIGHTFIT_CLOUD_IO_POSIX)
+    if (fd_ >= 0) ::close(fd_);
+#endif
+  }
+  /// The file's length when it was opened; -1 for a stream of unknown length.
+  long long length() const {
+    return length_;
+  }
+
+ protected:
+  int_type underflow() override {
+    if (gptr() < egptr()) return traits_type::to_int_type(*gptr());
+    const std::size_t got = fill(buf_, sizeof buf_);
+    setg(buf_, buf_, buf_ + got);
+    return got == 0 ? traits_type::eof() : traits_type::to_int_type(*gptr());
+  }
+  std::streamsize xsgetn(char* s, std::streamsize n) override {
+    std::streamsize done = 0;
+    const std::streamsize buffered = std::min<std::streamsize>(n, egptr() - gptr());
+    if (buffered > 0) {
+      std::memcpy(s, gptr(), static_cast<std::size_t>(buffered));
+      gbump(static_cast<int>(buffered));
+      done = buffered;
+    }
+    while (done < n) {  // the rest straight into the destination
+      const std::size_t got = fill(s + done, static_cast<std::size_t>(n - done));
+      if (got == 0) break;
+      done += static_cast<std::streamsize>(got);
+    }
+    return done;
+  }
+  pos_type seekoff(off_type off, std::ios_base::seekdir dir, std::ios_base::openmode) override {
+    if (!regular_) return pos_type(off_type(-1));
+    const off_type here = static_cast<off_type>(pos_) - (egptr() - gptr());
+    const off_type base = dir == std::ios_base::beg   ? 0
+                          : dir == std::ios_base::cur ? here
+                                                      : static_cast<off_type>(length_);
+    if ((off > 0 && base > std::numeric_limits<off_type>::max() - off) || base + off < 0)
+      return pos_type(off_type(-1));
+    pos_ = static_cast<long long>(base + off);
+    setg(buf_, buf_, buf_);
+    return pos_type(base + off);
+  }
+  pos_type seekpos(pos_type pos, std::ios_base::openmode which) override {
+    return seekoff(off_type(pos), std::ios_base::beg, which);
+  }
+
+ private:
+  // Reads up to n bytes at the current file position; 0 at the end.
+  std::size_t fill(char* dst, std::size_t n) {
+#if defined(TIGHTFIT_CLOUD_IO_POSIX)
+    for (;;) {
+      const ::ssize_t got =
+          regular_ ? ::pread(fd_, dst, n, static_cast<::off_t>(pos_)) : ::read(fd_, dst, n);
+      if (got < 0 && errno == EINTR) continue;
+      check(got >= 0, "'", path_, "': cannot read at byte ", pos_, ": ", std::strerror(errno));
+      if (got == 0 && regular_ && pos_ < length_)
+        fail("'", path_, "': the file ends at byte ", pos_, ", but it had ", length_,
+             " bytes when it was opened (truncated while it was read?)");
+      pos_ += got;
+      return static_cast<std::size_t>(got);
+    }
+#else
+    in_.read(dst, static_cast<std::streamsize>(n));
+    const auto got = static_cast<std::size_t>(in_.gcount());
+    pos_ += static_cast<long long>(got);
+    return got;
+#endif
+  }
+
+  std::string path_;
+#if defined(TIGHTFIT_CLOUD_IO_POSIX)
+  int fd_ = -1;
+#else
+  std::ifstream in_;
+#endif
+  bool regular_ = false;
+  long long length_ = -1;
+  long long pos_ = 0;  // file position of egptr()
+  char buf_[1 << 16];
+};
+
+// A file opened for the readers: its buffer and an istream over it that passes on the buffer's
+// errors (badbit in the exception mask).
+struct file_input {
+  file_buf buf;
+  std::istream in;
+  file_input(const std::string& path, const char* who) : buf(path, who), in(&buf) {
+    in.exceptions(std::ios::badbit);
   }
 };
-inline std::shared_ptr<const file_mapping> map_file(const std::string& path) {
-#if defined(TIGHTFIT_HAVE_MMAP)
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return nullptr;
-  struct stat st {};
-  std::shared_ptr<file_mapping> m;
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
-      static_cast<unsigned long long>(st.st_size) <= static_cast<std::size_t>(-1) / 2) {
-    const auto size = static_cast<std::size_t>(st.st_size);
-    int flags = MAP_PRIVATE;
-#if defined(MAP_POPULATE)
-    flags |= MAP_POPULATE;  // every page mapped in one call instead of a fault per 64 KiB
-#endif
-    void* p = ::mmap(nullptr, size, PROT_READ, flags, fd, 0);
-    if (p != MAP_FAILED) {
-      m = std::make_shared<file_mapping>();
-      m->data = static_cast<const char*>(p);
-      m->size = size;
-    }
-  }
-  ::close(fd);  // the mapping stays valid
-  return m;
-#else
-  (void)path;
-  return nullptr;
-#endif
-}
 }  // namespace detail
 
 /// Reads the vertices of a PLY from a binary stream (see read_ply) as stored_cloud: a binary PLY
 /// with float x, y and z becomes a float_cloud (one read() when the vertices are exactly x, y, z;
 /// strided otherwise), anything else `points`. The same checks and errors as read_ply.
-inline stored_cloud read_ply_stored(std::istream& in, const std::string& path, long long length) {
-  const detail::ply_vertices ve = detail::read_ply_header(in, path, length);
+inline stored_cloud read_ply_stored(std::istream& in, const std::string& path, long long length,
+                                    std::size_t max_points = unlimited_points) {
+  const detail::ply_vertices ve = detail::read_ply_header(in, path, length, max_points);
   const detail::float_layout lay = detail::float_layout_of(ve);
   if (!lay.usable) return detail::read_ply_points(in, path, ve);  // ascii or double: widened
   const std::size_t stride = lay.stride;
@@ -470,16 +589,18 @@ inline stored_cloud read_ply_stored(std::istream& in, const std::string& path, l
   return out;
 }
 
-/// Reads a PLY held in memory (`bytes`, e.g. a mapped file) as stored_cloud: a binary PLY with
-/// float x, y and z becomes a float_cloud that views `bytes` in place (any record layout, no
-/// copy; `owner` keeps them alive), anything else `points`. The same checks and errors as
+/// Reads a PLY held in memory (`bytes`: memory the caller owns, not a mapped file, which another
+/// process could truncate under the view) as stored_cloud: a binary PLY with float x, y and z
+/// becomes a float_cloud that views `bytes` in place (any record layout, no copy; `owner` keeps
+/// them alive), anything else `points`. The same checks and errors as
 /// read_ply; every size is checked against bytes.size().
 inline stored_cloud read_ply_stored(std::span<const char> bytes, std::shared_ptr<const void> owner,
-                                    const std::string& path) {
+                                    const std::string& path,
+                                    std::size_t max_points = unlimited_points) {
   detail::memory_buf buf(bytes.data(), bytes.size());
   std::istream in(&buf);
   const auto length = static_cast<long long>(bytes.size());
-  const detail::ply_vertices ve = detail::read_ply_header(in, path, length);
+  const detail::ply_vertices ve = detail::read_ply_header(in, path, length, max_points);
   const detail::float_layout lay = detail::float_layout_of(ve);
   if (!lay.usable) return detail::read_ply_points(in, path, ve);  // ascii or double: widened
   const auto at = static_cast<long long>(in.tellg());             // the first vertex
@@ -511,8 +632,10 @@ inline bool xyz_header(const std::string (&tok)[3]) {
 
 /// Reads XYZ/CSV text from a binary stream: the first three numbers of every non-empty,
 /// non-comment line. A first line that is not three numbers is an error unless it names x, y and
-/// z (a header); a line longer than max_line_bytes is an error. `path` names it in messages.
-inline points read_xyz(std::istream& in, const std::string& path) {
+/// z (a header); a line longer than max_line_bytes is an error, and so is a point beyond
+/// `max_points`. `path` names it in messages.
+inline points read_xyz(std::istream& in, const std::string& path,
+                       std::size_t max_points = unlimited_points) {
   points out;
   std::string line;
   long long lineno = 0;
@@ -543,6 +666,8 @@ inline points read_xyz(std::istream& in, const std::string& path) {
     check(ok, "read_xyz: '", path, "' line ", lineno, ": expected three numbers, got '",
           line.substr(0, 60), "'");
     const point3 p(v[0], v[1], v[2]);
+    check(out.size() < max_points, "read_xyz: '", path, "' line ", lineno,
+          ": more points than the limit of ", max_points);
     check(p.allFinite(), "read_xyz: '", path, "' line ", lineno, ": point (", v[0], ", ", v[1],
           ", ", v[2], ") is not finite");
     out.push_back(p);
@@ -550,42 +675,40 @@ inline points read_xyz(std::istream& in, const std::string& path) {
   return out;
 }
 
-/// Reads the vertices (x, y, z) of a PLY file.
-inline points read_ply(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  check(in.good(), "read_ply: cannot open '", path, "'");
-  return read_ply(in, path, detail::file_length(path));
+/// Reads the vertices (x, y, z) of a PLY file (by position: see the top comment).
+inline points read_ply(const std::string& path, std::size_t max_points = unlimited_points) {
+  detail::file_input f(path, "read_ply");
+  return read_ply(f.in, path, f.buf.length(), max_points);
 }
 
 /// Reads XYZ/CSV text from a file (see the stream version).
-inline points read_xyz(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  check(in.good(), "read_xyz: cannot open '", path, "'");
-  return read_xyz(in, path);
+inline points read_xyz(const std::string& path, std::size_t max_points = unlimited_points) {
+  detail::file_input f(path, "read_xyz");
+  return read_xyz(f.in, path, max_points);
 }
 
-/// Reads a cloud by extension: .ply, otherwise XYZ/CSV text.
-inline points read_cloud(const std::string& path) {
+namespace detail {
+inline bool has_ply_extension(const std::string& path) {
   const auto dot = path.find_last_of('.');
   std::string ext = dot == std::string::npos ? "" : path.substr(dot + 1);
   for (auto& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  return ext == "ply" ? read_ply(path) : read_xyz(path);
+  return ext == "ply";
+}
+}  // namespace detail
+
+/// Reads a cloud by extension: .ply, otherwise XYZ/CSV text.
+inline points read_cloud(const std::string& path, std::size_t max_points = unlimited_points) {
+  return detail::has_ply_extension(path) ? read_ply(path, max_points) : read_xyz(path, max_points);
 }
 
 /// Reads a cloud by extension as its file stores it (see read_ply_stored): .ply, otherwise
-/// XYZ/CSV text (as `points`). A regular .ply file is memory-mapped where the system allows it
-/// (a float_cloud is then a view of the mapping, which lives as long as the cloud), otherwise
-/// read as a stream; the results and errors are the same.
-inline stored_cloud read_cloud_stored(const std::string& path) {
-  const auto dot = path.find_last_of('.');
-  std::string ext = dot == std::string::npos ? "" : path.substr(dot + 1);
-  for (auto& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  if (ext != "ply") return read_xyz(path);
-  if (const auto m = detail::map_file(path))  // a float PLY's cloud views the mapping
-    return read_ply_stored(std::span<const char>(m->data, m->size), m, path);
-  std::ifstream in(path, std::ios::binary);
-  check(in.good(), "read_ply: cannot open '", path, "'");
-  return read_ply_stored(in, path, detail::file_length(path));
+/// XYZ/CSV text (as `points`). The file is read by position (see the top comment): a float PLY
+/// becomes a float_cloud that owns its coordinates.
+inline stored_cloud read_cloud_stored(const std::string& path,
+                                      std::size_t max_points = unlimited_points) {
+  if (!detail::has_ply_extension(path)) return read_xyz(path, max_points);
+  detail::file_input f(path, "read_ply");
+  return read_ply_stored(f.in, path, f.buf.length(), max_points);
 }
 
 /// Writes a binary little-endian PLY with double x, y, z.

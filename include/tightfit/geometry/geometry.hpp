@@ -10,6 +10,7 @@
 #include "tightfit/geometry/kdtree.hpp"
 #include "tightfit/geometry/measure.hpp"
 #include "tightfit/geometry/mebb.hpp"
+#include "tightfit/geometry/mebb_options.hpp"
 #include "tightfit/geometry/pca.hpp"
 #include "tightfit/geometry/plane.hpp"
 #include "tightfit/geometry/point_cloud.hpp"

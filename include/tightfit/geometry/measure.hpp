@@ -150,7 +150,7 @@ inline void merge_phase(mebb_result& r, const mebb_result& r2) {
 // > 0, the depth from the face) that nothing above the top overhangs (grip_overhangs over `above`,
 // every point above the belt cut) loses the points within that depth, in `q` (the cleaned points)
 // and `raw`, and the faces are solved again. Afterwards r.face_cut holds the cuts applied: zero
-// where none was (no candidate, an overhang, or fewer than o.min_points left).
+// where none was (no candidate, an overhang, or fewer than o.cleaning.min_points left).
 inline void cut_grips(mebb_result& r, points& q, points& raw, const points& above,
                       const belt_raster& belt_floor, const mebb_options& o) {
   std::array<double, 6> cuts{};
@@ -174,7 +174,7 @@ inline void cut_grips(mebb_result& r, points& q, points& raw, const points& abov
   points q2, raw2;
   std::copy_if(q.begin(), q.end(), std::back_inserter(q2), kept);
   std::copy_if(raw.begin(), raw.end(), std::back_inserter(raw2), kept);
-  if (q2.size() < o.min_points) return;
+  if (q2.size() < o.cleaning.min_points) return;
   r = mebb_solve(q2, true, o, &raw2, &above, &belt_floor);
   r.face_cut = cuts;
   q = std::move(q2), raw = std::move(raw2);
@@ -209,12 +209,14 @@ void check_cloud_finite(const C& cloud, const char* where) {
 /// small clouds (see mebb()); a measurement that is not trustworthy comes back with a status
 /// other than ok and its reasons (quality.hpp), never silently.
 template <PointCloud C>
-measurement measure(const C& cloud, box_method method = box_method::mebb, belt_choice belt = {},
-                    mebb_options o = {}, const belt_options& bo = {},
-                    const quality_options& qo = {}, measure_trace* trace = nullptr) {
+measurement measure(const C& cloud, box_method method = box_method::mebb,
+                    const belt_choice& belt = {}, const mebb_options& options = {},
+                    const belt_options& bo = {}, const quality_options& qo = {},
+                    measure_trace* trace = nullptr) {
+  mebb_options o = options;  // a copy: the belt's noise sigma is set below
   const std::size_t n = cloud.kdtree_get_point_count();
-  check(n >= o.min_points, "measure: the cloud has ", n, " points, expected at least ",
-        o.min_points);
+  check(n >= o.cleaning.min_points, "measure: the cloud has ", n, " points, expected at least ",
+        o.cleaning.min_points);
   measurement m;
   m.method = method;
   m.points_in = n;
@@ -238,11 +240,11 @@ measurement measure(const C& cloud, box_method method = box_method::mebb, belt_c
       m.belt_sigma = measure_belt_noise(cloud, *m.belt, 2 * bo.threshold).sigma;
     }
   }
-  o.belt_sigma = std::max(o.belt_sigma, m.belt_sigma);
+  o.belt.sigma = std::max(o.belt.sigma, m.belt_sigma);
   const bool on_belt = m.belt.has_value();
   const rigid_transform to_frame = on_belt ? belt_frame(*m.belt) : rigid_transform{};
   const rigid_transform from_frame = to_frame.inverse();
-  const double cut = on_belt ? std::max(o.belt_min_height, 4 * o.belt_sigma) : -INFINITY;
+  const double cut = on_belt ? detail::belt_cut(o.belt) : -INFINITY;
   const points p = detail::transformed_above(cloud, to_frame, cut);
   auto back = [&](oriented_box b) {
     b.centre = from_frame.apply(b.centre);
@@ -251,27 +253,27 @@ measurement measure(const C& cloud, box_method method = box_method::mebb, belt_c
   };
   clean_stats cs;
   if (method == box_method::mebb) {
-    check(p.size() >= o.min_points, "measure: ", p.size(), " points above the belt cut (",
-          cut * 1000, " mm), expected at least ", o.min_points);
+    check(p.size() >= o.cleaning.min_points, "measure: ", p.size(), " points above the belt cut (",
+          cut * 1000, " mm), expected at least ", o.cleaning.min_points);
     points raw;
     points q = mebb_clean(p, on_belt, o, &raw, &cs);
-    check(q.size() >= o.min_points, "measure: ", q.size(), " points left after cleaning (",
-          on_belt ? "belt removal, " : "", "voxel grid ", o.voxel,
-          ", clustering, outlier removal), expected at least ", o.min_points);
+    check(q.size() >= o.cleaning.min_points, "measure: ", q.size(), " points left after cleaning (",
+          on_belt ? "belt removal, " : "", "voxel grid ", o.cleaning.voxel,
+          ", clustering, outlier removal), expected at least ", o.cleaning.min_points);
     belt_raster belt_floor;  // the belt around the object (the silhouette offset)
-    if (on_belt && o.silhouette_offset)
+    if (on_belt && o.offsets.silhouette)
       belt_floor = belt_raster_near(
-          cloud, [&](const point3& x) { return to_frame.apply(x); }, q, cut, o.shadow_reach,
-          o.radius_max, o.voxel / 2);
+          cloud, [&](const point3& x) { return to_frame.apply(x); }, q, cut, o.offsets.shadow_reach,
+          o.offsets.radius_max, o.cleaning.voxel / 2);
     mebb_result r = mebb_solve(q, on_belt, o, &raw, on_belt ? &p : nullptr, &belt_floor);
-    if (on_belt && o.solid_grip_trim) detail::cut_grips(r, q, raw, p, belt_floor, o);
+    if (on_belt && o.solid_edge.grip_trim) detail::cut_grips(r, q, raw, p, belt_floor, o);
     if (on_belt)
-      r.top_past = top_past_face_share(p, r.box, o, r.face_cut);  // before phase_check's merge
-    if (o.phase_check) {
+      r.top_past = top_past_face_share(p, r.box, o, r.face_cut);  // before the phase check's merge
+    if (o.uncertainty.phase_check) {
       // the same cleaned points on a voxel lattice shifted by half a voxel: MEBB's faces snap to
       // voxel centroids, so a face that depends on the lattice is uncertain by that much
-      const points q2 = voxel_downsample(raw, o.voxel, nullptr, 0.5);
-      if (q2.size() >= o.min_points) {
+      const points q2 = voxel_downsample(raw, o.cleaning.voxel, nullptr, 0.5);
+      if (q2.size() >= o.cleaning.min_points) {
         const mebb_result r2 =
             mebb_solve(q2, on_belt, o, &raw, on_belt ? &p : nullptr, &belt_floor);
         detail::merge_phase(r, r2);
@@ -287,8 +289,8 @@ measurement measure(const C& cloud, box_method method = box_method::mebb, belt_c
     points q;
     mebb_clean(p, on_belt, o, &q, &cs);
     if (trace) trace->raw = q;
-    check(q.size() >= o.min_points, "measure: ", q.size(),
-          " points left after cleaning, expected at least ", o.min_points);
+    check(q.size() >= o.cleaning.min_points, "measure: ", q.size(),
+          " points left after cleaning, expected at least ", o.cleaning.min_points);
     m.points_used = q.size();
     oriented_box b;
     switch (method) {
@@ -319,7 +321,7 @@ measurement measure(const C& cloud, box_method method = box_method::mebb, belt_c
 
 /// measure() on a `points` vector.
 inline measurement measure(const points& input, box_method method = box_method::mebb,
-                           belt_choice belt = {}, const mebb_options& o = {},
+                           const belt_choice& belt = {}, const mebb_options& o = {},
                            const belt_options& bo = {}, const quality_options& qo = {},
                            measure_trace* trace = nullptr) {
   return measure(as_cloud(input), method, belt, o, bo, qo, trace);
@@ -335,7 +337,8 @@ struct batch_item {
 /// error message instead of stopping the batch.
 inline std::vector<batch_item> measure_many(const std::vector<points>& clouds,
                                             box_method method = box_method::mebb,
-                                            belt_choice belt = {}, const mebb_options& o = {}) {
+                                            const belt_choice& belt = {},
+                                            const mebb_options& o = {}) {
   std::vector<batch_item> out(clouds.size());
   parallel_for(0, static_cast<index_t>(clouds.size()), 1, [&](index_t i0, index_t i1) {
     for (index_t i = i0; i < i1; ++i) {

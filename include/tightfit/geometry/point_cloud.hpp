@@ -9,7 +9,7 @@
 // (they keep only the points they work on: those above the belt); `to_points` copies a cloud
 // into `points` (double precision) for the lower-level functions, rejecting NaN and infinite
 // coordinates with a tightfit::error naming the offending point. float_cloud holds float
-// coordinates (a binary PLY's, read or memory-mapped without widening).
+// coordinates (a binary PLY's, read without widening).
 #pragma once
 
 #include <Eigen/Core>
@@ -72,10 +72,10 @@ class vector_cloud {
 };
 
 /// A cloud of float coordinates: what a binary PLY with float x, y, z stores, kept without
-/// widening (half the memory of `points`, or none at all for a mapped file). Either owned (x y z
+/// widening (half the memory of `points`). Either owned (x y z
 /// interleaved in a vector) or a view of `n` records of `stride` bytes whose x, y, z floats lie at
 /// byte offsets `offset` (any alignment: read with memcpy), kept alive by a shared owner (e.g. a
-/// memory-mapped file, cloud_io.hpp). Coordinates come out in double precision times `scale` (1
+/// PLY held in memory, cloud_io.hpp). Coordinates come out in double precision times `scale` (1
 /// unless set; multiplying by 1 is exact), so a measurement of it is the same as of its `points`
 /// copy scaled the same way. Copies share the storage.
 class float_cloud {

@@ -168,7 +168,7 @@ inline constexpr hf_architecture hf_architectures[] = {
 }  // namespace io::detail
 
 /// The tensors of a Hugging Face checkpoint: model.safetensors, or the shards listed by
-/// model.safetensors.index.json. Files stay memory-mapped while the object lives.
+/// model.safetensors.index.json. Files stay open (read by position) while the object lives.
 class hf_checkpoint {
  public:
   /// `path`: a checkpoint directory, a .safetensors file or a *.index.json file.

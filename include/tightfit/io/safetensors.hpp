@@ -13,10 +13,16 @@
 // overlap. Every violation throws tightfit::error naming the file, the tensor and the problem.
 // After parse, every read stays inside the byte range of its tensor.
 //
+// safetensors_file reads the file by position (io/detail/file_reader.hpp: pread, never mmap), so
+// a file truncated by another process while it is read ends in a tightfit::error naming it, never
+// in SIGBUS; each read converts at most 1 MiB at a time (same-type reads go straight into the
+// destination).
+//
 // Widening conversions are exact; narrowing ones round to nearest even (detail/half.hpp).
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -25,6 +31,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <span>
@@ -39,8 +46,8 @@
 
 #include "tightfit/core/error.hpp"
 #include "tightfit/core/types.hpp"
+#include "tightfit/io/detail/file_reader.hpp"
 #include "tightfit/io/detail/half.hpp"
-#include "tightfit/io/detail/mapped_file.hpp"
 
 namespace tightfit {
 
@@ -218,20 +225,40 @@ class safetensors_view {
   /// Parses and validates the header of the safetensors image `file`. `source` names the file
   /// in error messages. The bytes must outlive the view.
   static safetensors_view parse(std::span<const std::byte> file, std::string source = "<memory>") {
+    const std::uint64_t n =
+        header_length(file.first(std::min<std::size_t>(8, file.size())), file.size(), source);
+    safetensors_view v =
+        parse_header(std::span<const std::byte>(file.data() + 8, static_cast<std::size_t>(n)),
+                     file.size() - 8 - n, std::move(source));
+    v.data_ = file.subspan(8 + static_cast<std::size_t>(n));
+    return v;
+  }
+
+ protected:
+  /// The header length N from the first 8 bytes of a file of `file_size` bytes, checked.
+  static std::uint64_t header_length(std::span<const std::byte> first8, std::uint64_t file_size,
+                                     const std::string& src) {
+    check(file_size >= 8 && first8.size() >= 8, src, ": truncated: ", file_size,
+          " bytes, expected at least 8 (the header length)");
+    const std::uint64_t n = io::detail::load_le<std::uint64_t>(first8.data());
+    check(n <= io::detail::max_header_bytes, src, ": header length ", n,
+          " is larger than the limit of ", io::detail::max_header_bytes, " bytes");
+    check(n <= file_size - 8, src, ": header length ", n, " runs past the end of the file (",
+          file_size - 8, " bytes after the length)");
+    check(n >= 2, src, ": header length is ", n, ", expected at least 2 (\"{}\")");
+    return n;
+  }
+
+  /// Parses and validates the JSON header `text` of a file whose data area holds `data_size`
+  /// bytes (the view addresses no data yet).
+  static safetensors_view parse_header(std::span<const std::byte> text, std::uint64_t data_size,
+                                       std::string source) {
     using nlohmann::json;
     safetensors_view v;
     v.source_ = std::move(source);
     const std::string& src = v.source_;
-    check(file.size() >= 8, src, ": truncated: ", file.size(),
-          " bytes, expected at least 8 (the header length)");
-    const std::uint64_t n = io::detail::load_le<std::uint64_t>(file.data());
-    check(n <= io::detail::max_header_bytes, src, ": header length ", n,
-          " is larger than the limit of ", io::detail::max_header_bytes, " bytes");
-    check(n <= file.size() - 8, src, ": header length ", n, " runs past the end of the file (",
-          file.size() - 8, " bytes after the length)");
-    check(n >= 2, src, ": header length is ", n, ", expected at least 2 (\"{}\")");
-    const auto* first = reinterpret_cast<const char*>(file.data() + 8);
-    v.data_ = file.subspan(8 + static_cast<std::size_t>(n));
+    const auto* first = reinterpret_cast<const char*>(text.data());
+    const std::size_t n = text.size();
 
     // Duplicate keys (nlohmann keeps the last one silently) and nesting are checked while
     // parsing: a header never needs more than {name: {key: [int, ...]}}.
@@ -289,7 +316,7 @@ class safetensors_view {
         }
         continue;
       }
-      v.tensors_.push_back(parse_entry(src, name, entry, v.data_.size()));
+      v.tensors_.push_back(parse_entry(src, name, entry, data_size));
     }
 
     // File order: by offset; then no two non-empty byte ranges may overlap.
@@ -309,6 +336,7 @@ class safetensors_view {
     return v;
   }
 
+ public:
   /// The file name used in messages.
   const std::string& source() const { return source_; }
   /// Number of tensors.
@@ -331,11 +359,24 @@ class safetensors_view {
   }
   /// The "__metadata__" string map (empty when the file has none).
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
-  /// The raw little-endian bytes of `name`.
+  /// The raw little-endian bytes of `name` (a view of memory; a safetensors_file reads them with
+  /// read_raw).
   std::span<const std::byte> bytes(const std::string& name) const {
     const tensor_info& t = info(name);
+    check(file_ == nullptr, source_, ": tensor '", name,
+          "': bytes() views memory, and this file is read by position (use read_raw)");
     return data_.subspan(static_cast<std::size_t>(t.begin),
                          static_cast<std::size_t>(t.end - t.begin));
+  }
+  /// The raw little-endian bytes of `name`, copied.
+  std::vector<std::byte> read_raw(const std::string& name) const {
+    const tensor_info& t = info(name);
+    std::vector<std::byte> out(static_cast<std::size_t>(t.end - t.begin));
+    if (file_ != nullptr)
+      file_->read(data_offset_ + t.begin, out);
+    else if (!out.empty())
+      std::memcpy(out.data(), data_.data() + t.begin, out.size());
+    return out;
   }
 
   /// Converts the F64 / F32 / BF16 / F16 tensor `name` into `out` (exact when widening,
@@ -349,36 +390,40 @@ class safetensors_view {
           io::detail::shape_string(t.shape), "), the destination holds ", out.size());
     check(is_floating(t.type), source_, ": tensor '", name, "' has dtype ", dtype_name(t.type),
           ", which cannot be read as floating point (expected F64, F32, BF16 or F16)");
-    const std::byte* p = data_.data() + t.begin;
     constexpr bool little = std::endian::native == std::endian::little;
+    auto blocks = [&](std::size_t size, auto convert) {  // out[first + i] = convert(p + size i)
+      for_blocks(t, size, [&](const std::byte* p, std::size_t first, std::size_t count) {
+        for (std::size_t i = 0; i < count; ++i) out[first + i] = convert(p + size * i);
+      });
+    };
     switch (t.type) {
       case dtype::f64:
         if constexpr (little && std::is_same_v<T, double>) {
-          if (n > 0) std::memcpy(out.data(), p, n * 8);
+          copy_raw(t, std::as_writable_bytes(out));
         } else {
-          for (std::size_t i = 0; i < n; ++i)
-            out[i] = static_cast<T>(
-                std::bit_cast<double>(io::detail::load_le<std::uint64_t>(p + 8 * i)));
+          blocks(8, [](const std::byte* q) {
+            return static_cast<T>(std::bit_cast<double>(io::detail::load_le<std::uint64_t>(q)));
+          });
         }
         break;
       case dtype::f32:
         if constexpr (little && std::is_same_v<T, float>) {
-          if (n > 0) std::memcpy(out.data(), p, n * 4);
+          copy_raw(t, std::as_writable_bytes(out));
         } else {
-          for (std::size_t i = 0; i < n; ++i)
-            out[i] =
-                static_cast<T>(std::bit_cast<float>(io::detail::load_le<std::uint32_t>(p + 4 * i)));
+          blocks(4, [](const std::byte* q) {
+            return static_cast<T>(std::bit_cast<float>(io::detail::load_le<std::uint32_t>(q)));
+          });
         }
         break;
       case dtype::bf16:
-        for (std::size_t i = 0; i < n; ++i)
-          out[i] = static_cast<T>(
-              io::detail::bf16_to_float(io::detail::load_le<std::uint16_t>(p + 2 * i)));
+        blocks(2, [](const std::byte* q) {
+          return static_cast<T>(io::detail::bf16_to_float(io::detail::load_le<std::uint16_t>(q)));
+        });
         break;
       case dtype::f16:
-        for (std::size_t i = 0; i < n; ++i)
-          out[i] = static_cast<T>(
-              io::detail::f16_to_float(io::detail::load_le<std::uint16_t>(p + 2 * i)));
+        blocks(2, [](const std::byte* q) {
+          return static_cast<T>(io::detail::f16_to_float(io::detail::load_le<std::uint16_t>(q)));
+        });
         break;
       default:
         break;
@@ -400,43 +445,48 @@ class safetensors_view {
     using io::detail::load_le;
     const tensor_info& t = info(name);
     const auto n = static_cast<std::size_t>(t.numel());
-    const std::byte* p = data_.data() + t.begin;
     std::vector<std::int64_t> out(n);
-    auto each = [&](auto load) {
-      for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::int64_t>(load(i));
+    auto each = [&](std::size_t size, auto load) {  // out[first + i] = load(p + size i)
+      for_blocks(t, size, [&](const std::byte* p, std::size_t first, std::size_t count) {
+        for (std::size_t i = 0; i < count; ++i)
+          out[first + i] = static_cast<std::int64_t>(load(p + size * i));
+      });
     };
     switch (t.type) {
       case dtype::i64:
-        each([&](std::size_t i) { return load_le<std::int64_t>(p + 8 * i); });
+        each(8, [](const std::byte* q) { return load_le<std::int64_t>(q); });
         break;
       case dtype::i32:
-        each([&](std::size_t i) { return load_le<std::int32_t>(p + 4 * i); });
+        each(4, [](const std::byte* q) { return load_le<std::int32_t>(q); });
         break;
       case dtype::i16:
-        each([&](std::size_t i) { return load_le<std::int16_t>(p + 2 * i); });
+        each(2, [](const std::byte* q) { return load_le<std::int16_t>(q); });
         break;
       case dtype::i8:
-        each([&](std::size_t i) { return load_le<std::int8_t>(p + i); });
+        each(1, [](const std::byte* q) { return load_le<std::int8_t>(q); });
         break;
       case dtype::u32:
-        each([&](std::size_t i) { return load_le<std::uint32_t>(p + 4 * i); });
+        each(4, [](const std::byte* q) { return load_le<std::uint32_t>(q); });
         break;
       case dtype::u16:
-        each([&](std::size_t i) { return load_le<std::uint16_t>(p + 2 * i); });
+        each(2, [](const std::byte* q) { return load_le<std::uint16_t>(q); });
         break;
       case dtype::u8:
-        each([&](std::size_t i) { return load_le<std::uint8_t>(p + i); });
+        each(1, [](const std::byte* q) { return load_le<std::uint8_t>(q); });
         break;
       case dtype::boolean:
-        each([&](std::size_t i) { return load_le<std::uint8_t>(p + i) != 0 ? 1 : 0; });
+        each(1, [](const std::byte* q) { return load_le<std::uint8_t>(q) != 0 ? 1 : 0; });
         break;
       case dtype::u64:
-        for (std::size_t i = 0; i < n; ++i) {
-          const auto x = load_le<std::uint64_t>(p + 8 * i);
-          check(x <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()), source_,
-                ": tensor '", name, "' element ", i, " is ", x, ", which does not fit int64");
-          out[i] = static_cast<std::int64_t>(x);
-        }
+        for_blocks(t, 8, [&](const std::byte* p, std::size_t first, std::size_t count) {
+          for (std::size_t i = 0; i < count; ++i) {
+            const auto x = load_le<std::uint64_t>(p + 8 * i);
+            check(x <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()),
+                  source_, ": tensor '", name, "' element ", first + i, " is ", x,
+                  ", which does not fit int64");
+            out[first + i] = static_cast<std::int64_t>(x);
+          }
+        });
         break;
       default:
         fail(source_, ": tensor '", name, "' has dtype ", dtype_name(t.type),
@@ -446,9 +496,42 @@ class safetensors_view {
     return out;
   }
 
+ protected:
+  /// The file this view reads by position (safetensors_file), and where its data area begins.
+  std::shared_ptr<const io::detail::file_reader> file_;
+  std::uint64_t data_offset_ = 0;
+
  private:
+  /// Calls f(p, first, count) over the elements of `t` (`size` bytes each) in blocks: p points
+  /// at `count` elements starting with element `first`. One block for a view of memory; blocks of
+  /// at most 1 MiB read by position from a file.
+  template <class F>
+  void for_blocks(const tensor_info& t, std::size_t size, F&& f) const {
+    const std::size_t n = static_cast<std::size_t>(t.end - t.begin) / size;
+    if (n == 0) return;
+    if (file_ == nullptr) {
+      f(data_.data() + t.begin, std::size_t{0}, n);
+      return;
+    }
+    const std::size_t per = std::max<std::size_t>(1, (std::size_t{1} << 20) / size);
+    std::vector<std::byte> buf(std::min(n, per) * size);
+    for (std::size_t first = 0; first < n; first += per) {
+      const std::size_t count = std::min(per, n - first);
+      file_->read(data_offset_ + t.begin + first * size, std::span(buf.data(), count * size));
+      f(static_cast<const std::byte*>(buf.data()), first, count);
+    }
+  }
+  /// The bytes of `t` into `out` (as many as it holds).
+  void copy_raw(const tensor_info& t, std::span<std::byte> out) const {
+    if (out.empty()) return;
+    if (file_ != nullptr)
+      file_->read(data_offset_ + t.begin, out);
+    else
+      std::memcpy(out.data(), data_.data() + t.begin, out.size());
+  }
+
   static tensor_info parse_entry(const std::string& src, const std::string& name,
-                                 const nlohmann::json& entry, std::size_t data_size) {
+                                 const nlohmann::json& entry, std::uint64_t data_size) {
     using io::detail::json_uint;
     const std::string where = src + ": tensor '" + name + "'";
     check(!name.empty(), src, ": a tensor has an empty name");
@@ -504,15 +587,26 @@ class safetensors_view {
   std::string source_;
 };
 
-/// A safetensors file, memory-mapped read-only and validated on open (move-only).
+/// A safetensors file, validated on open and read by position (pread) while it lives: a file
+/// truncated under it gives a tightfit::error naming it, not SIGBUS (move-only).
 class safetensors_file : public safetensors_view {
  public:
   safetensors_file() = default;
-  /// Maps and validates `path`; throws tightfit::error naming the file and the problem.
+  /// Opens and validates `path`; throws tightfit::error naming the file and the problem.
   static safetensors_file open(const std::filesystem::path& path) {
+    auto file = std::make_shared<const io::detail::file_reader>(path);
+    const std::string src = path.string();
+    std::array<std::byte, 8> first8{};
+    const std::uint64_t size = file->size();
+    if (size >= 8) file->read(0, first8);
+    const std::uint64_t n =
+        header_length(std::span<const std::byte>(first8.data(), size >= 8 ? 8 : 0), size, src);
+    std::vector<std::byte> header(static_cast<std::size_t>(n));
+    file->read(8, header);
     safetensors_file f;
-    f.map_ = io::detail::mapped_file(path);
-    static_cast<safetensors_view&>(f) = safetensors_view::parse(f.map_.bytes(), path.string());
+    static_cast<safetensors_view&>(f) = parse_header(header, size - 8 - n, src);
+    f.file_ = std::move(file);
+    f.data_offset_ = 8 + n;
     return f;
   }
   safetensors_file(const safetensors_file&) = delete;
@@ -520,9 +614,6 @@ class safetensors_file : public safetensors_view {
   safetensors_file(safetensors_file&&) noexcept = default;
   safetensors_file& operator=(safetensors_file&&) noexcept = default;
   ~safetensors_file() = default;
-
- private:
-  io::detail::mapped_file map_;
 };
 
 /// Collects tensors and writes a safetensors file that the reference (Python/Rust) reader

@@ -600,7 +600,8 @@ void save_spans(const std::filesystem::path& path, P& params, std::optional<dtyp
 /// (e.g. attention_bias missing from config.json), and (unless options.ignore_unused) any
 /// other tensor the set lacks.
 template <ParameterSet P>
-void load_hf_weights(const std::filesystem::path& path, P& params, hf_load_options options = {}) {
+void load_hf_weights(const std::filesystem::path& path, P& params,
+                     const hf_load_options& options = {}) {
   using T = typename P::value_type;
   const hf_checkpoint ck = hf_checkpoint::open(path);
   const std::string& src = ck.description();

@@ -22,15 +22,20 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <random>
+#include <span>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tightfit/backend/concept.hpp"
 #include "tightfit/core/error.hpp"
+#include "tightfit/core/limits.hpp"
 #include "tightfit/nn/adapters.hpp"
 #include "tightfit/nn/layer.hpp"
+#include "tightfit/nn/parameters.hpp"
 
 namespace tightfit {
 
@@ -106,6 +111,41 @@ struct lora_config {
 inline std::string peft_lora_name(index_t l, projection p, char which) {
   return "base_model.model." + hf_names::layer_prefix(l) + projection_module(p) + ".lora_" +
          std::string(1, which) + ".weight";
+}
+
+/// The (out, in) extents of projection p's weight "<module>.weight" in a layer's parameter table
+/// (L::parameter_table(config), nn/layer.hpp: the shapes the model declares and loads): LoRA's A
+/// is (r, in), B is (out, r). Errors name a projection the layer lacks or that is not a matrix.
+inline std::pair<index_t, index_t> projection_extents(std::span<const param_spec> layer_table,
+                                                      projection p) {
+  const std::string name = projection_module(p) + ".weight";
+  for (const auto& row : layer_table)
+    if (row.name == name) {
+      check(row.shape.size() == 2, "LoRA: the layer's parameter '", name, "' is not a matrix");
+      return {row.shape[0], row.shape[1]};
+    }
+  fail("LoRA: the layer has no parameter '", name, "' to adapt");
+}
+
+/// The number of adapter values (A and B of every target of every layer) of `cfg` on a model of
+/// `num_layers` layers whose parameter table is `layer_table`, or nullopt when it does not fit in
+/// 64 bits: what lora_adapters allocates per copy.
+inline std::optional<std::uint64_t> lora_value_count(std::span<const param_spec> layer_table,
+                                                     index_t num_layers, const lora_config& cfg) {
+  std::uint64_t total = 0;
+  for (projection p : cfg.projections()) {
+    const auto [out, in] = projection_extents(layer_table, p);
+    const auto per_layer =
+        checked_product({static_cast<std::uint64_t>(cfg.rank),
+                         static_cast<std::uint64_t>(in) + static_cast<std::uint64_t>(out)});
+    if (!per_layer) return std::nullopt;
+    const auto all = checked_product({*per_layer, static_cast<std::uint64_t>(num_layers)});
+    if (!all) return std::nullopt;
+    const auto sum = checked_sum(total, *all);
+    if (!sum) return std::nullopt;
+    total = *sum;
+  }
+  return total;
 }
 
 /// The LoRA adapters of a decoder model: owns them, binds them to the model's layers.

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -136,6 +137,31 @@ inline lora_config read_peft_config(const std::filesystem::path& dir) {
     fail(src, ": ", e.what());
   }
   return c;
+}
+
+/// Checks DIR/adapter_model.safetensors against `cfg` (its adapter_config.json's) on a model of
+/// `num_layers` layers whose parameter table is `layer_table` (L::parameter_table(config)) from
+/// the file's header alone, before any adapter is allocated: every lora_A (r, in) and lora_B
+/// (out, r) of the targets is there with its shape. Errors name the file and the tensor.
+inline void check_peft_adapter_shapes(const std::filesystem::path& dir,
+                                      std::span<const param_spec> layer_table, index_t num_layers,
+                                      const lora_config& cfg) {
+  const std::filesystem::path path = dir / "adapter_model.safetensors";
+  const auto file = safetensors_file::open(path);
+  for (index_t l = 0; l < num_layers; ++l)
+    for (projection p : cfg.projections()) {
+      const auto [out, in] = projection_extents(layer_table, p);
+      for (char which : {'A', 'B'}) {
+        const std::string name = peft_lora_name(l, p, which);
+        check(file.contains(name), path.string(), ": tensor '", name, "' is missing");
+        const std::vector<index_t> want =
+            which == 'A' ? std::vector<index_t>{cfg.rank, in} : std::vector<index_t>{out, cfg.rank};
+        const auto& have = file.info(name).shape;
+        check(have == want, path.string(), ": tensor '", name, "' has shape ",
+              io::detail::shape_string(have), ", expected ", io::detail::shape_string(want),
+              " (r = ", cfg.rank, ")");
+      }
+    }
 }
 
 /// Loads DIR's adapters into `adapters`, whose configuration must be DIR's (rank, alpha,

@@ -90,7 +90,7 @@ class block_optimizer {
   using expansion_runner = typename Expansion::template runner<M>;
 
   block_optimizer(M& model, block_partition partition, Update update = {}, Order order = {},
-                  Expansion expansion = {}, block_options options = {})
+                  Expansion expansion = {}, const block_options& options = {})
       : model_(&model),
         partition_(std::move(partition)),
         update_(std::move(update)),
@@ -151,7 +151,7 @@ class block_optimizer {
   /// where only the active block's gradients are reduced, and an expanded layer is updated with
   /// its reduced gradient).
   template <Objective O, class Gradients = local_gradients>
-  step_result step(const token_batch& batch, O& objective, backward_options base = {},
+  step_result step(const token_batch& batch, O& objective, const backward_options& base = {},
                    Gradients&& gradients = {}) {
     step_result res;
     if (!started_) {
@@ -164,7 +164,7 @@ class block_optimizer {
     const block_info& info = info_[static_cast<std::size_t>(active_)];
     const index_t nl = model_->config().num_hidden_layers;
 
-    backward_options opt = std::move(base);
+    backward_options opt = base;
     opt.layer_weight_grads = info.layers;
     opt.embedding_grad = info.embedding;
     opt.head_grad = info.head;

@@ -44,8 +44,14 @@ class json_log {
          << ",\"tokens\":" << s.tokens << ",\"tokens_per_s\":" << s.tokens / s.seconds
          << ",\"seconds\":" << s.seconds << ",\"peak_bytes\":" << r.backward.peak_bytes
          << ",\"state_bytes\":" << s.state_bytes << "}\n";
+    out_.flush();  // a line per step; a full disk stops the run here, naming the log
+    check(static_cast<bool>(out_), path_.string(), ": cannot write the log (step ", s.step + 1,
+          ")");
   }
-  void on_end(const train_summary&) { out_.flush(); }
+  void on_end(const train_summary&) {
+    out_.flush();
+    check(static_cast<bool>(out_), path_.string(), ": cannot write the log");
+  }
 
  private:
   std::filesystem::path path_;

@@ -67,21 +67,21 @@ class lora_optimizer {
 
   /// The backward options of a LoRA step: `base` with the gradient control set (frozen base,
   /// no embedding or head gradient, weight gradients in the layers).
-  backward_options lora_backward_options(backward_options base = {}) const {
+  backward_options lora_backward_options(const backward_options& base = {}) const {
     M& model = adapters_->model();
-    base.layer_weight_grads.assign(static_cast<std::size_t>(model.config().num_hidden_layers),
-                                   true);
-    base.embedding_grad = false;
-    base.head_grad = false;
-    base.lazy_layer_grads = false;
-    base.frozen_params = adapters_->frozen_base();
-    return base;
+    backward_options opt = base;
+    opt.layer_weight_grads.assign(static_cast<std::size_t>(model.config().num_hidden_layers), true);
+    opt.embedding_grad = false;
+    opt.head_grad = false;
+    opt.lazy_layer_grads = false;
+    opt.frozen_params = adapters_->frozen_base();
+    return opt;
   }
 
   /// One step: zeroed adapter gradients, the backward (gradients(model, batch, objective,
   /// options), local by default), clipping when asked, the rule's update of the adapters.
   template <Objective O, class Gradients = local_gradients>
-  step_result step(const token_batch& batch, O& objective, backward_options base = {},
+  step_result step(const token_batch& batch, O& objective, const backward_options& base = {},
                    Gradients&& gradients = {}) {
     if constexpr (requires { gradients.comm->size(); })
       check(gradients.comm->size() == 1, "lora_optimizer: data parallelism over ",

@@ -264,7 +264,7 @@ class zero1_full_optimizer {
   /// One step: `gradients(model, batch, objective, options)` computes every parameter's
   /// gradient, each rank's own sum (a policy with gradient_sync::none), then the sharded update.
   template <Objective O, class Gradients>
-  step_result step(const token_batch& batch, O& objective, backward_options base,
+  step_result step(const token_batch& batch, O& objective, const backward_options& base,
                    Gradients&& gradients) {
     if constexpr (requires { gradients.sync; })
       check(gradients.sync == gradient_sync::none,
@@ -275,11 +275,12 @@ class zero1_full_optimizer {
     res.switched = zero_.steps() == 0;
     for (std::size_t id : ids_)
       if (params.has_grad(id)) params.backend().fill(as_row(params.grad(id)), T(0));
-    base.layer_weight_grads.clear();
-    base.embedding_grad = true;
-    base.head_grad = true;
-    base.lazy_layer_grads = false;
-    res.backward = gradients(*model_, batch, objective, base);
+    backward_options opt = base;
+    opt.layer_weight_grads.clear();
+    opt.embedding_grad = true;
+    opt.head_grad = true;
+    opt.lazy_layer_grads = false;
+    res.backward = gradients(*model_, batch, objective, opt);
     res.loss = res.backward.loss;
     res.grad_norm = zero_.step(lr_factor_, max_grad_norm_);
     res.block = 0;
@@ -287,10 +288,10 @@ class zero1_full_optimizer {
   }
   /// One step on this rank's `batch`, data parallel over the communicator.
   template <StepNormalisedObjective O>
-  step_result step(const token_batch& batch, O& objective, backward_options base = {}) {
+  step_result step(const token_batch& batch, O& objective, const backward_options& base = {}) {
     data_parallel<C> policy(*comm_);
     policy.sync = gradient_sync::none;
-    return step(batch, objective, std::move(base), policy);
+    return step(batch, objective, base, policy);
   }
 
   /// This rank's shard of the state (zero1_optimizer::save); the weights are the caller's

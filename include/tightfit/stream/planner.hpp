@@ -15,10 +15,16 @@
 // Offload of the layer inputs to a host tier (backward_options::offload_layer_inputs, device
 // backends) is priced by the same dry run over a two-tier meta backend: device bytes against the
 // budget, host-tier bytes reported beside them, no extra forward work (the copies overlap).
+// Cost: a dry run's peak is a closed form in T, the chunk and the head's rows (stream/
+// peak_model.hpp), fitted once per planner call from a few dry runs at T of about 40, so that a
+// price costs microseconds at any T; the searches (chunk by doubling, spacing, largest T by
+// doubling and bisection) evaluate it. A layer whose allocations do not follow the closed form is
+// priced by the dry run itself, O(layers * chunks) no-op calls.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -27,37 +33,89 @@
 #include "tightfit/nn/architectures.hpp"
 #include "tightfit/nn/model.hpp"
 #include "tightfit/stream/backward.hpp"
+#include "tightfit/stream/peak_model.hpp"
 
 namespace tightfit {
 
-/// Peak bytes of one compute_gradients call inside backend memory and in the host tier.
-struct predicted_peaks {
-  std::size_t activation_bytes = 0;  ///< backend (device) memory
-  std::size_t host_bytes = 0;        ///< host tier (offload_layer_inputs), else 0
+namespace detail {
+/// Dry runs of compute_gradients for one model (layer type Layer, value type T) and objective:
+/// the model is built once (on the recording meta backend) and run at any batch, T and options,
+/// its allocations logged into a trace when one is given. A run costs O(batch * seq_len) host
+/// work and O(layers * chunks) no-op calls.
+template <std::floating_point T, template <class> class Layer, Objective O>
+class dry_runner {
+ public:
+  using backend = recording_meta_backend<T>;
+  dry_runner(const model_config& config, const O& objective)
+      : model_(be_, config), objective_(objective) {}
+  dry_runner(const dry_runner&) = delete;
+  dry_runner& operator=(const dry_runner&) = delete;
+
+  recorded_run run(index_t batch, index_t seq_len, const backward_options& options, bool record) {
+    recorded_run out;
+    be_.record_into(record ? &out.trace : nullptr);
+    const auto rows = static_cast<std::size_t>(batch * seq_len);
+    std::vector<token_id> ids(rows, 0), targets(rows, 0);
+    O loss = objective_;
+    backward_options o = options;
+    o.on_grads_ready = nullptr;
+    backward_result r;
+    try {
+      r = compute_gradients(model_, token_batch{batch, seq_len, ids, targets, {}}, loss, o);
+    } catch (...) {
+      be_.record_into(nullptr);
+      throw;
+    }
+    be_.record_into(nullptr);
+    auto& p = model_.parameters();
+    for (std::size_t i = 0; i < p.size(); ++i) p.release_grad(i);  // the next run starts alike
+    out.activation_bytes = r.peak_activation_bytes;
+    out.peak_bytes = r.peak_bytes;
+    out.host_bytes = r.peak_host_bytes;
+    return out;
+  }
+
+ private:
+  backend be_;
+  decoder_model<backend, Layer<backend>> model_;
+  O objective_;
 };
+}  // namespace detail
 
 /// Exact peak bytes of one compute_gradients call with value type T, objective `objective`
-/// (copied: the dry run does not touch the caller's) and layer type Layer<backend>.
+/// (copied: the dry run does not touch the caller's) and layer type Layer<backend>. `cache`
+/// (planner calls) keeps the closed forms fitted for one model, batch and objective.
 template <std::floating_point T, template <class> class Layer = config_layer, Objective O>
 predicted_peaks predict_peaks(const model_config& config, index_t batch, index_t seq_len,
-                              const backward_options& options, const O& objective) {
+                              const backward_options& options, const O& objective,
+                              detail::peak_model_cache* cache = nullptr) {
   using dry = two_tier_backend<meta_backend<T>>;
   if constexpr (std::is_same_v<Layer<dry>, config_layer<dry>>) {
     return with_config_layer(config, [&](auto layer) {
       return predict_peaks<T, decltype(layer)::template type>(config, batch, seq_len, options,
-                                                              objective);
+                                                              objective, cache);
     });
   } else {
-    dry be;
-    decoder_model<dry, Layer<dry>> model(be, config);
-    const auto rows = static_cast<std::size_t>(batch * seq_len);
-    std::vector<token_id> ids(rows, 0), targets(rows, 0);
-    O loss = objective;
-    backward_options o = options;
-    o.on_grads_ready = nullptr;
-    const backward_result r =
-        compute_gradients(model, token_batch{batch, seq_len, ids, targets, {}}, loss, o);
-    return {r.peak_activation_bytes, r.peak_host_bytes};
+    using runner = detail::dry_runner<T, Layer, O>;
+    std::optional<runner> local;
+    auto runner_of = [&]() -> runner& {
+      if (cache == nullptr) return local ? *local : local.emplace(config, objective);
+      return cache->template runner<runner>(config, objective);
+    };
+    if (batch >= 1 && seq_len >= 1 && options.chunk >= 1) {
+      auto run = [&](const detail::dry_point& p) {
+        backward_options o = options;
+        o.chunk = p.chunk;
+        o.head_chunk_rows = p.head_rows;
+        return runner_of().run(batch, p.seq_len, o, true);
+      };
+      if (const auto p = detail::closed_form_peaks(
+              batch, seq_len, options, default_head_chunk_rows(config, batch, options.chunk), run,
+              cache))
+        return *p;
+    }
+    const auto r = runner_of().run(batch, seq_len, options, false);
+    return {r.activation_bytes, r.host_bytes};
   }
 }
 
@@ -119,18 +177,15 @@ index_t largest_fitting(index_t limit, Fits&& fits) {
   }
   return lo;
 }
-}  // namespace detail
 
-/// The planner: largest power-of-two chunk (<= T) whose stream peak fits the budget at T, and
-/// the largest T per schedule (stream with `stream_chunk`, default 512),
-/// searched up to max_seq.
-template <std::floating_point T, template <class> class Layer = config_layer, Objective O>
-plan_result plan_memory(const model_config& config, index_t batch, index_t seq_len,
-                        std::size_t budget_bytes, const O& objective, index_t stream_chunk = 0,
-                        index_t max_seq = index_t{1} << 22) {
-  config.validate();
-  check(batch >= 1, "plan_memory: batch is ", batch, ", expected >= 1");
-  check(seq_len >= 1, "plan_memory: sequence length is ", seq_len, ", expected >= 1");
+/// The planner's searches over a price `price(T, options)` (a predicted_peaks) for a model of
+/// `nl` layers: the chunk at seq_len (spacings from 1 up, chunks
+/// doubling while they fit), then the largest T of each schedule (doubling, then bisection up to
+/// max_seq), with spacing and with offload. plan_memory prices by the closed form; the tests
+/// price by the dry run itself and expect the same plan.
+template <class Price>
+plan_result plan_search(index_t nl, index_t seq_len, std::size_t budget_bytes, index_t stream_chunk,
+                        index_t max_seq, Price&& price) {
   plan_result r;
   r.budget_bytes = budget_bytes;
   auto peaks = [&](backward_schedule s, index_t t, index_t chunk, index_t k, bool offload) {
@@ -139,12 +194,11 @@ plan_result plan_memory(const model_config& config, index_t batch, index_t seq_l
     o.chunk = chunk;
     o.keep_every = k;
     o.offload_layer_inputs = offload;
-    return predict_peaks<T, Layer>(config, batch, t, o, objective);
+    return price(t, o);
   };
   auto peak = [&](backward_schedule s, index_t t, index_t chunk, index_t k = 1) {
     return peaks(s, t, chunk, k, false).activation_bytes;
   };
-  const index_t nl = config.num_hidden_layers;
   // The fastest policy at seq_len: the smallest spacing with a fitting chunk, then its largest
   // power-of-two chunk.
   for (index_t k = 1; k <= nl && r.chunk == 0; ++k) {
@@ -168,7 +222,7 @@ plan_result plan_memory(const model_config& config, index_t batch, index_t seq_l
     return peak(backward_schedule::stream, t, r.stream_chunk) <= budget_bytes;
   });
   // With spacing: the spacings that store the fewest layer inputs (the others cannot reach a
-  // longer T: everything else they allocate is the same), each priced by a dry run.
+  // longer T: everything else they allocate is the same), each priced.
   index_t fewest = nl;
   for (index_t k = 1; k <= nl; ++k) fewest = std::min(fewest, stored_layer_inputs(nl, k));
   std::vector<index_t> candidates;
@@ -206,6 +260,26 @@ plan_result plan_memory(const model_config& config, index_t batch, index_t seq_l
     }
   }
   return r;
+}
+
+}  // namespace detail
+
+/// The planner: largest power-of-two chunk (<= T) whose stream peak fits the budget at T, and
+/// the largest T per schedule (stream with `stream_chunk`, default 512),
+/// searched up to max_seq.
+template <std::floating_point T, template <class> class Layer = config_layer, Objective O>
+plan_result plan_memory(const model_config& config, index_t batch, index_t seq_len,
+                        std::size_t budget_bytes, const O& objective, index_t stream_chunk = 0,
+                        index_t max_seq = index_t{1} << 22) {
+  config.validate();
+  check(batch >= 1, "plan_memory: batch is ", batch, ", expected >= 1");
+  check(seq_len >= 1, "plan_memory: sequence length is ", seq_len, ", expected >= 1");
+  detail::peak_model_cache cache;  // the closed forms of this model, batch and objective
+  return detail::plan_search(config.num_hidden_layers, seq_len, budget_bytes, stream_chunk, max_seq,
+                             [&](index_t t, const backward_options& o) {
+                               return predict_peaks<T, Layer>(config, batch, t, o, objective,
+                                                              &cache);
+                             });
 }
 
 }  // namespace tightfit
