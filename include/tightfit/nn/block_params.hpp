@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstddef>
+#include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "tightfit/core/types.hpp"
@@ -48,6 +50,10 @@ struct block_params {
   static std::vector<param_row<block_params>> attention_rows(const model_config& c);
   /// The gated MLP's rows: gate_proj, up_proj, down_proj and their biases (config.mlp_bias).
   static std::vector<param_row<block_params>> mlp_rows(const model_config& c);
+  /// A layer's whole table: attention_rows, then the layer's own norms `norms` (those between
+  /// the attention half and the MLP, in Hugging Face's order), then mlp_rows.
+  static std::vector<param_row<block_params>> table(
+      const model_config& c, std::initializer_list<param_row<block_params>> norms);
 };
 
 inline std::vector<param_row<block_params>> block_params::attention_rows(const model_config& c) {
@@ -82,6 +88,14 @@ inline std::vector<param_row<block_params>> block_params::mlp_rows(const model_c
     t.push_back({{"mlp.up_proj.bias", {f}}, &P::up_bias});
     t.push_back({{"mlp.down_proj.bias", {d}}, &P::down_bias});
   }
+  return t;
+}
+
+inline std::vector<param_row<block_params>> block_params::table(
+    const model_config& c, std::initializer_list<param_row<block_params>> norms) {
+  auto t = attention_rows(c);
+  t.insert(t.end(), norms.begin(), norms.end());
+  for (auto& row : mlp_rows(c)) t.push_back(std::move(row));
   return t;
 }
 

@@ -21,7 +21,6 @@
 // chunk never holds its output rows).
 #pragma once
 
-#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -42,11 +41,8 @@ class decoder_layer : public streambp_layer<decoder_layer<B>, B> {
   /// The parameter table of a decoder layer: each row's name, shape and slot (Hugging Face's
   /// post_attention_layernorm is the block's pre-MLP norm, mlp_norm).
   static std::vector<param_row<block_params>> table(const model_config& c) {
-    using P = block_params;
-    auto t = P::attention_rows(c);
-    t.push_back({{"post_attention_layernorm.weight", {c.hidden_size}}, &P::mlp_norm});
-    for (auto& row : P::mlp_rows(c)) t.push_back(std::move(row));
-    return t;
+    return block_params::table(
+        c, {{{"post_attention_layernorm.weight", {c.hidden_size}}, &block_params::mlp_norm}});
   }
   static const char* name() { return "decoder_layer"; }
   /// The MLP's activation: SwiGLU, silu(gate) * up.

@@ -43,13 +43,10 @@ class gemma_layer : public streambp_layer<gemma_layer<B>, B> {
   /// the MLP output (mlp_out_norm).
   static std::vector<param_row<block_params>> table(const model_config& c) {
     using P = block_params;
-    auto t = P::attention_rows(c);
     const index_t d = c.hidden_size;
-    t.push_back({{"post_attention_layernorm.weight", {d}}, &P::attn_out_norm});
-    t.push_back({{"pre_feedforward_layernorm.weight", {d}}, &P::mlp_norm});
-    t.push_back({{"post_feedforward_layernorm.weight", {d}}, &P::mlp_out_norm});
-    for (auto& row : P::mlp_rows(c)) t.push_back(std::move(row));
-    return t;
+    return P::table(c, {{{"post_attention_layernorm.weight", {d}}, &P::attn_out_norm},
+                        {{"pre_feedforward_layernorm.weight", {d}}, &P::mlp_norm},
+                        {{"post_feedforward_layernorm.weight", {d}}, &P::mlp_out_norm}});
   }
   static const char* name() { return "gemma_layer"; }
   /// The MLP's activation: GeGLU, gelu_tanh(gate) * up.
