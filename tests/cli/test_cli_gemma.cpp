@@ -1,7 +1,8 @@
 // `tightfit train` on a Gemma 3 checkpoint directory: the tool picks the layer from config.json
-// (nn/architectures.hpp) and trains it with adamw, badam and lora (exit 0, a finite, falling
-// loss, a saved model or PEFT adapter that loads back and differs from the input), exactly as
-// the library does (tests/optim/test_any_model.cpp checks each step against an oracle).
+// (nn/architectures.hpp) and trains it with adamw, badam, lora, bread-sgd and bread-lora (exit 0,
+// a finite, falling loss, a saved model or PEFT adapter that loads back and differs from the
+// input), exactly as the library does (tests/optim/test_any_model.cpp checks each step against
+// an oracle).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -60,7 +61,7 @@ std::vector<double> logged_losses(const fs::path& log) {
 
 }  // namespace
 
-TEST_CASE("train: a Gemma 3 model trains with adamw, badam and lora") {
+TEST_CASE("train: a Gemma 3 model trains with adamw, badam, lora, bread-sgd and bread-lora") {
   gemma_fixture f;
   REQUIRE(load_hf_config(f.model).is_gemma());
   const auto data = f.counting();
@@ -73,6 +74,8 @@ TEST_CASE("train: a Gemma 3 model trains with adamw, badam and lora") {
       {"adamw", "--lr 0.01"},
       {"badam", "--lr 0.02 --switch-every 3"},
       {"lora", "--lr 0.01 --target-modules all-linear --lora-rank 4 --lora-alpha 8"},
+      {"bread-sgd", "--lr 0.02 --switch-every 3 --bread-lr 0.05 --bread-scope all"},
+      {"bread-lora", "--lr 0.02 --switch-every 3 --bread-lr 0.02 --rank 2 --loraplus 4"},
   };
   for (const auto& c : cases) {
     const std::string name = c.name;
