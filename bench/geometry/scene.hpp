@@ -104,7 +104,8 @@ inline std::optional<scene_scenario> parse_scenario(const std::string& s) {
   if (s == "standing-handles") return scene_scenario::standing_handles;
   return std::nullopt;
 }
-inline scene_options with_scenario(scene_options so, scene_scenario s) {
+inline scene_options with_scenario(const scene_options& base, scene_scenario s) {
+  scene_options so = base;
   if (s == scene_scenario::standing_handles) {
     so.pose = scene_pose::standing;
     so.appendage_mask = appendage_telescopic;

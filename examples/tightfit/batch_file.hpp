@@ -13,6 +13,8 @@
 //         and the i-th rejected document (row-major order): Rc = Rr = P without position_ids.
 // Invariant: every tensor of the file is one the objective reads (an unknown key is an error
 // naming it), every shape is checked before use, and padding labels never count.
+// The readers take any File with safetensors_file's reading members (source, contains, info,
+// read_ints, read<double>): the Python module reads its arrays through them (python/src).
 #pragma once
 
 #include <algorithm>
@@ -36,7 +38,8 @@ struct int_matrix {
   std::vector<std::int64_t> data;  // (rows*cols)
 };
 
-inline int_matrix read_int_matrix(const safetensors_file& f, const std::string& name) {
+template <class File>
+int_matrix read_int_matrix(const File& f, const std::string& name) {
   check(f.contains(name), f.source(), ": the batch has no tensor '", name, "'");
   const auto& info = f.info(name);
   check(info.shape.size() == 2, f.source(), ": tensor '", name, "' has ", info.shape.size(),
@@ -45,16 +48,16 @@ inline int_matrix read_int_matrix(const safetensors_file& f, const std::string& 
 }
 
 /// Throws naming the tensor and the index unless every value of `v` is finite.
-inline void check_finite_values(const safetensors_file& f, const std::string& name,
-                                const std::vector<double>& v) {
+template <class File>
+void check_finite_values(const File& f, const std::string& name, const std::vector<double>& v) {
   for (std::size_t i = 0; i < v.size(); ++i)
     check(std::isfinite(v[i]), f.source(), ": tensor '", name, "' holds ", v[i], " at index ", i,
           " (expected finite values)");
 }
 
 /// The floating tensor `name` of `expected` values, every one finite.
-inline std::vector<double> read_floats(const safetensors_file& f, const std::string& name,
-                                       index_t expected) {
+template <class File>
+std::vector<double> read_floats(const File& f, const std::string& name, index_t expected) {
   check(f.contains(name), f.source(), ": the batch has no tensor '", name, "'");
   check(f.info(name).numel() == expected, f.source(), ": tensor '", name, "' has ",
         f.info(name).numel(), " elements, expected ", expected);
@@ -66,8 +69,8 @@ inline std::vector<double> read_floats(const safetensors_file& f, const std::str
 /// The rows and columns (B, T) of the batch `objective` reads from `f`, from the header alone
 /// (dpo: the chosen and the rejected rows together), so that its size is checked before it is
 /// read; a missing or malformed tensor is left to read_batch's error (0, 0).
-inline std::pair<index_t, index_t> batch_extents(const safetensors_file& f,
-                                                 const std::string& objective) {
+template <class File>
+std::pair<index_t, index_t> batch_extents(const File& f, const std::string& objective) {
   auto extents = [&](const std::string& name) -> std::pair<index_t, index_t> {
     if (!f.contains(name) || f.info(name).shape.size() != 2) return {0, 0};
     return {f.info(name).shape[0], f.info(name).shape[1]};
@@ -80,8 +83,9 @@ inline std::pair<index_t, index_t> batch_extents(const safetensors_file& f,
 }
 
 /// Valid lengths from an attention mask (right padding only) or a lengths tensor.
-inline std::vector<index_t> read_lengths(const safetensors_file& f, const std::string& mask_name,
-                                         const std::string& lengths_name, index_t b, index_t t) {
+template <class File>
+std::vector<index_t> read_lengths(const File& f, const std::string& mask_name,
+                                  const std::string& lengths_name, index_t b, index_t t) {
   std::vector<index_t> lengths;
   if (f.contains(mask_name)) {
     const auto m = read_int_matrix(f, mask_name);
@@ -141,8 +145,9 @@ inline void check_batch_keys(const safetensors_file& f, const std::string& objec
 }
 
 /// Packed positions (B, T) from tensor `name`, or empty when the batch has none.
-inline std::vector<index_t> read_positions(const safetensors_file& f, const std::string& name,
-                                           const std::string& like, index_t b, index_t t) {
+template <class File>
+std::vector<index_t> read_positions(const File& f, const std::string& name, const std::string& like,
+                                    index_t b, index_t t) {
   if (!f.contains(name)) return {};
   const auto m = read_int_matrix(f, name);
   check(m.rows == b && m.cols == t, f.source(), ": ", name, " is (", m.rows, ", ", m.cols,
@@ -209,7 +214,8 @@ struct loaded_batch {
 
 /// Reads the batch of `objective` (sft, grpo, dpo) from `f`: shapes, attention masks (right
 /// padding), position_ids; dpo's chosen rows come first, then the rejected rows.
-inline loaded_batch read_batch(const safetensors_file& f, const std::string& objective) {
+template <class File>
+loaded_batch read_batch(const File& f, const std::string& objective) {
   loaded_batch out;
   if (objective == "dpo") {
     const auto ci = read_int_matrix(f, "chosen_input_ids");

@@ -64,9 +64,6 @@ void measure_usage(std::FILE* out) {
       static_cast<unsigned long long>(measure_bytes_per_point));
 }
 
-const char* flag_names[] = {"near_square", "soft_retry", "safeguard",    "appendage",
-                            "flat",        "line",       "not_converged"};
-
 nlohmann::ordered_json json_measurement(const std::string& file, const tg::measurement& m,
                                         double to_mm) {
   using nlohmann::ordered_json;
@@ -104,7 +101,7 @@ nlohmann::ordered_json json_measurement(const std::string& file, const tg::measu
   ordered_json flags = ordered_json::array();
   if (m.mebb) {
     for (int k = 0; k < 7; ++k)
-      if (m.mebb->flags >> k & 1u) flags.push_back(flag_names[k]);
+      if (m.mebb->flags >> k & 1u) flags.push_back(tg::mebb_flag_names[k]);
     const char* faces[] = {"+x", "-x", "+y", "-y", "+z", "-z"};
     ordered_json trim;
     for (std::size_t f = 0; f < 6; ++f) trim[faces[f]] = m.mebb->trim[f] * 1000;
@@ -147,7 +144,7 @@ void print_text(const std::string& file, const tg::measurement& m) {
     const auto env = m.envelope.sorted_dims();
     std::printf("; envelope %.1f x %.1f x %.1f mm", env[0] * 1000, env[1] * 1000, env[2] * 1000);
     for (int k = 0; k < 7; ++k)
-      if (m.mebb->flags >> k & 1u) std::printf("; %s", flag_names[k]);
+      if (m.mebb->flags >> k & 1u) std::printf("; %s", tg::mebb_flag_names[k]);
   }
   std::printf("%s)\n", m.belt ? "" : "; no belt: full 3D");
   if (m.status != tg::measure_status::ok) {

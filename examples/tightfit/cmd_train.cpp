@@ -243,16 +243,30 @@ void validate(const args& a) {
     throw usage_error{"--order fixed needs --start-block NAME"};
 }
 
+/// The file of rank r's share of a sharded (ZeRO-1) state: FILE itself for rank 0 (with the
+/// weights), FILE.rankR for the others.
+std::string shard_path(const std::string& path, int rank) {
+  return rank == 0 ? path : path + ".rank" + std::to_string(rank);
+}
+
 /// The outputs: never an input nor inside an input folder (the model, --adapter), writable
-/// (output_paths.hpp; usage errors, exit 2).
-void check_paths(const args& a) {
+/// (output_paths.hpp; usage errors, exit 2). `ranks` > 1 (known under MPI only): the other
+/// ranks' shares of --save-state and --resume (FILE.rankR) are outputs and inputs too; every
+/// rank checks all of them, so all ranks refuse together, before any collective.
+void check_paths(const args& a, int ranks = 1) {
   output_paths paths;
   if (!a.model.empty()) paths.input(a.model);
   paths.input_file(a.data);
-  if (!a.resume.empty()) paths.input_file(a.resume);
+  if (!a.resume.empty())
+    for (int r = 0; r < ranks; ++r) paths.input_file(shard_path(a.resume, r));
   if (!a.adapter.empty()) paths.input_dir(a.adapter);
   if (!a.log.empty()) paths.output_file("--log", a.log);
-  if (!a.save_state.empty()) paths.output_file("--save-state", a.save_state);
+  if (!a.save_state.empty()) {
+    paths.output_file("--save-state", a.save_state);
+    for (int r = 1; r < ranks; ++r)
+      paths.output_file("--save-state (rank " + std::to_string(r) + "'s share)",
+                        shard_path(a.save_state, r));
+  }
   if (!a.save_model.empty()) {
     if (a.optimizer == "lora")
       paths.output_dir("--save-model", a.save_model,
@@ -268,12 +282,6 @@ template <class Opt>
 constexpr bool lora_optimizer_of = requires(Opt& o) {
   o.adapters();
 };
-
-/// The file of rank r's share of a sharded (ZeRO-1) state: FILE itself for rank 0 (with the
-/// weights), FILE.rankR for the others.
-[[maybe_unused]] std::string shard_path(const std::string& path, int rank) {  // with MPI only
-  return rank == 0 ? path : path + ".rank" + std::to_string(rank);
-}
 
 /// A checkpoint resumes on as many ranks as saved it (dist.ranks; absent: one process).
 template <class R>
@@ -631,6 +639,7 @@ template <class T, template <class> class Layer, class Comm>
 int run_model(const args& a, const model_config& cfg, Comm& comm) {
   using backend = eigen_backend<T>;
   constexpr bool parallel = !std::is_same_v<Comm, self_communicator>;
+  if constexpr (parallel) check_paths(a, comm.size());
   eigen_backend_options bopts;
   if (a.deterministic) bopts.attention_backward = attention_backward_strategy::two_pass;
   backend be(bopts);

@@ -143,8 +143,9 @@ class mixed_adam {
   std::span<const float> master(std::size_t i) const { return state_[i].master.span(); }
 
   template <Objective O, class Gradients = local_gradients>
-  step_result step(const token_batch& batch, O& objective, backward_options opt = {},
+  step_result step(const token_batch& batch, O& objective, const backward_options& options = {},
                    Gradients&& gradients = {}) {
+    backward_options opt = options;
     auto& p = model_->parameters();
     B& be = p.backend();
     opt.layer_weight_grads.assign(static_cast<std::size_t>(model_->config().num_hidden_layers),

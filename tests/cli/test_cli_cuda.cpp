@@ -4,8 +4,10 @@
 //    1 with the backend's one-line "no CUDA device" error, before writing anything;
 //  - "cli_cuda_gpu" (ctest cli_cuda_gpu, label gpu): the CPU tool (--dtype f64) and the GPU tool
 //    on the same random model and padded batch, for full and stream: the JSON lines carry the
-//    same keys, and the losses and every gradient in the --out files agree, f32 to 1e-4 and
-//    bf16 to 2e-2 relative (max abs difference / max abs CPU value, per tensor); and `tightfit
+//    same keys, and the losses and every gradient in the --out files agree (relative: max abs
+//    difference / max abs CPU value, per tensor), f32 to 1e-4, bf16 to 2e-2 (the loss) and
+//    1.25x PyTorch's largest bf16 error on the config (gradients, support/bf16_yardstick.hpp);
+//    outputs go to their own scratch folder, never under the model directory; and `tightfit
 //    train --device cuda` against the CPU tool (--dtype f64) for sgd and adamw: the same summary
 //    line, every logged loss to 1e-4 relative, the saved weights to 1e-4 (sgd) and 1e-3 (adamw)
 //    relative per tensor; `train --device cuda --dtype bf16` (adamw, fp32 master weights) against
@@ -28,6 +30,7 @@
 #include <vector>
 
 #include "cli_testing.hpp"
+#include "support/bf16_yardstick.hpp"
 #include "support/model_configs.hpp"
 #include "support/testing.hpp"
 #include "tightfit/backend/reference.hpp"
@@ -236,7 +239,7 @@ TEST_SUITE("cli_cuda_gpu") {
     CHECK(fs::exists(gpu_dir / "model.safetensors"));
   }
 
-  TEST_CASE("grad --device cuda equals the CPU tool: f32 to 1e-4, bf16 to 2e-2") {
+  TEST_CASE("grad --device cuda equals the CPU tool: f32 to 1e-4, bf16 to 1.25x PyTorch's") {
     if (!have_device()) return;
     fixture f;
     for (const std::string sched : {"full", "stream"}) {
@@ -262,8 +265,11 @@ TEST_SUITE("cli_cuda_gpu") {
         CHECK(gpu_grads.names() == cpu_grads.names());
         for (const auto& name : cpu_grads.names()) {
           CAPTURE(name);
+          // bf16: within 1.25x PyTorch's own bf16 error (support/bf16_yardstick.hpp)
+          const double bound =
+              std::string(dtype) == "bf16" ? testing::bf16_gradient_bound("small_gqa") : tol;
           CHECK(testing::max_rel_diff(gpu_grads.read<double>(name), cpu_grads.read<double>(name)) <
-                tol);
+                bound);
         }
       }
     }

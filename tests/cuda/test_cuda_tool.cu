@@ -1,21 +1,22 @@
 // The tool's GPU step (examples/tightfit/device_cuda.cu, behind `tightfit grad --device cuda`)
-// against reference_backend<double>'s full backprop, in test_cuda (so scripts/gpu-check runs it
-// on a bare GPU machine, where the tool itself, which needs Eigen, oneTBB and nlohmann/json,
-// cannot be built). Suite "cuda_host": require_cuda_device's error without a device. Suite
-// "gpu": cuda_gradients on float weights handed over as the tool does (host spans, names in
-// the model's order) for sft, grpo and dpo, stream and full, f32 to 1e-4 and bf16 to 2e-2
-// relative (max abs error / max abs reference, per tensor), and a parameter list that does not
-// match the model is an error naming the parameter. cuda_train (behind `tightfit train --device
-// cuda`) against train() on reference_backend<double> from the same float weights: sgd and adamw,
-// three steps, stream with a short chunk and clipping: every step's loss to 1e-4 relative, the
-// trained weights to 1e-4 (sgd) and 1e-3 (adamw: its first steps are about lr x sign(g), which
-// float rounding can flip where a gradient is near zero) relative per tensor. bf16 training
-// (fp32 master weights and moments) against the same reference for adam and adamw on a fixed
-// batch: every loss within 2e-2 relative and falling, the fp32 master weights returned (most
-// are not bf16 values) and each within 3 x steps x lr of the reference's (an Adam step moves an
-// element by about lr), 12 state bytes per parameter. The bench row (cuda_bench, behind `tightfit
-// bench stream --device cuda`): full, checkpoint and stream agree on the loss (f32 1e-4, bf16
-// 2e-2), checkpoint and stream peak below full in activation bytes.
+// against reference_backend<double>'s full backprop, in test_cuda (so scripts/gpu-check runs it on
+// a bare GPU machine, where the tool itself, which needs Eigen, oneTBB and nlohmann/json, cannot be
+// built). Suite "cuda_host": require_cuda_device's error without a device. Suite "gpu":
+// cuda_gradients on float weights handed over as the tool does (host spans, names in the model's
+// order) for sft, grpo and dpo, stream and full, f32 to 1e-4 and bf16 to 2e-2 (the loss) and 1.25x
+// PyTorch's largest bf16 error on the config (the gradients, support/bf16_yardstick.hpp), relative
+// (max abs error / max abs reference, per tensor), and a parameter list that does not match the
+// model is an error naming the parameter. cuda_train (behind `tightfit train --device cuda`)
+// against train() on reference_backend<double> from the same float weights: sgd and adamw, three
+// steps, stream with a short chunk and clipping: every step's loss to 1e-4 relative, the trained
+// weights to 1e-4 (sgd) and 1e-3 (adamw: its first steps are about lr x sign(g), which float
+// rounding can flip where a gradient is near zero) relative per tensor. bf16 training (fp32 master
+// weights and moments) against the same reference for adam and adamw on a fixed batch: every loss
+// within 2e-2 relative and falling, the fp32 master weights returned (most are not bf16 values) and
+// each within 3 x steps x lr of the reference's (an Adam step moves an element by about lr), 12
+// state bytes per parameter. The bench row (cuda_bench, behind `tightfit bench stream --device
+// cuda`): full, checkpoint and stream agree on the loss (f32 1e-4, bf16 2e-2), checkpoint and
+// stream peak below full in activation bytes.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "device_cuda.hpp"
+#include "support/bf16_yardstick.hpp"
 #include "support/model_configs.hpp"
 #include "support/testing.hpp"
 #include "tightfit/backend/cuda.hpp"
@@ -196,8 +198,11 @@ TEST_SUITE("gpu") {
             CAPTURE(rp.name(i));
             CHECK(job.parameters[i].computed == rp.has_grad(i));
             if (!job.parameters[i].computed) continue;
+            // bf16: 1.25x PyTorch's largest bf16 error on the config (bf16_yardstick.hpp)
+            const double bound =
+                dtype == cli::cuda_dtype::f32 ? tol : testing::bf16_gradient_bound("small_gqa");
             CHECK(testing::max_rel_diff(std::vector<double>(grads[i].begin(), grads[i].end()),
-                                        want[i]) < tol);
+                                        want[i]) < bound);
           }
         }
     }

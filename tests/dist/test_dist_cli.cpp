@@ -200,6 +200,25 @@ TEST_CASE("mpirun -np 2: a ZeRO-1 state saved by 2 ranks resumes on 2, and not o
   CHECK(alone.err.find("saved by a run of 2 ranks, this run has 1") != std::string::npos);
 }
 
+TEST_CASE("mpirun -np 3: a rank's share of --save-state is never an input") {
+  fixture f;
+  // rank 2's share of STATE (STATE.rank2) is the data file: refused by every rank, nothing
+  // written, the data file unchanged
+  const auto state = f.dir / "rows.safetensors";
+  const auto data = fs::path(state.string() + ".rank2");
+  fs::copy_file(f.data, data);
+  const auto before = fs::file_size(data);
+  const auto r =
+      mpirun(3, "train --model " + q(f.model) + " --data " + q(data) +
+                    " --optimizer adam --dtype f64 --parallel data --steps 1 --save-state " +
+                    q(state) + " --quiet");
+  CHECK(r.code == 2);
+  CHECK(r.err.find("--save-state (rank 2's share) '" + data.string() + "'") != std::string::npos);
+  CHECK(r.out.empty());
+  CHECK(!fs::exists(state));
+  CHECK(fs::file_size(data) == before);
+}
+
 TEST_CASE("mpirun -np 2: bad input ends the whole job with one report per rank, usage once") {
   fixture f;
   // A data file that does not exist: every rank fails before any collective, the job ends.

@@ -34,6 +34,7 @@ import tempfile
 import torch
 
 import st
+from hf_params import hf_parameters
 
 torch.set_default_dtype(torch.float64)
 TOL = 1e-9
@@ -44,10 +45,8 @@ class Model(torch.nn.Module):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
         self.cfg = cfg
-        d, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-        h, hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-        hd = cfg.get("head_dim", d // h)  # Qwen2 configs do not give head_dim
-        self.head_dim = hd
+        d, h = cfg["hidden_size"], cfg["num_attention_heads"]
+        self.head_dim = cfg.get("head_dim", d // h)  # Qwen2 configs do not give head_dim
         arch = cfg["architectures"][0]
         self.qk_norm = arch == "Qwen3ForCausalLM"
         # transformers: Qwen2 has q/k/v biases always and no o_proj bias; Llama / Qwen3 put
@@ -55,7 +54,6 @@ class Model(torch.nn.Module):
         self.qkv_bias = arch == "Qwen2ForCausalLM" or cfg.get("attention_bias", False)
         self.o_bias = arch != "Qwen2ForCausalLM" and cfg.get("attention_bias", False)
         self.mlp_bias = arch == "LlamaForCausalLM" and cfg.get("mlp_bias", False)
-        p = {}
 
         def mat(*shape):
             return torch.randn(*shape, generator=g) * 0.3
@@ -63,34 +61,7 @@ class Model(torch.nn.Module):
         def norm(n):
             return 1 + 0.2 * torch.randn(n, generator=g)
 
-        p["model.embed_tokens.weight"] = mat(v, d)
-        for l in range(cfg["num_hidden_layers"]):
-            pre = f"model.layers.{l}."
-            p[pre + "input_layernorm.weight"] = norm(d)
-            p[pre + "self_attn.q_proj.weight"] = mat(h * hd, d)
-            p[pre + "self_attn.k_proj.weight"] = mat(hkv * hd, d)
-            p[pre + "self_attn.v_proj.weight"] = mat(hkv * hd, d)
-            p[pre + "self_attn.o_proj.weight"] = mat(d, h * hd)
-            if self.qkv_bias:
-                p[pre + "self_attn.q_proj.bias"] = mat(h * hd)
-                p[pre + "self_attn.k_proj.bias"] = mat(hkv * hd)
-                p[pre + "self_attn.v_proj.bias"] = mat(hkv * hd)
-            if self.o_bias:
-                p[pre + "self_attn.o_proj.bias"] = mat(d)
-            if self.qk_norm:
-                p[pre + "self_attn.q_norm.weight"] = norm(hd)
-                p[pre + "self_attn.k_norm.weight"] = norm(hd)
-            p[pre + "post_attention_layernorm.weight"] = norm(d)
-            p[pre + "mlp.gate_proj.weight"] = mat(f, d)
-            p[pre + "mlp.up_proj.weight"] = mat(f, d)
-            p[pre + "mlp.down_proj.weight"] = mat(d, f)
-            if self.mlp_bias:
-                p[pre + "mlp.gate_proj.bias"] = mat(f)
-                p[pre + "mlp.up_proj.bias"] = mat(f)
-                p[pre + "mlp.down_proj.bias"] = mat(d)
-        p["model.norm.weight"] = norm(d)
-        if not cfg["tie_word_embeddings"]:
-            p["lm_head.weight"] = mat(v, d)
+        p = hf_parameters(cfg, mat, norm)
         self.params = {k: torch.nn.Parameter(t) for k, t in p.items()}
 
     def rms(self, x, w):

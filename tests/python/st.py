@@ -1,21 +1,26 @@
-"""Minimal safetensors reader/writer (json + struct), independent of tightfit's C++ code."""
+"""Minimal safetensors reader/writer (json + struct), independent of tightfit's C++ code. It
+writes numpy arrays or torch tensors; load() gives torch tensors (the cross-checks), load_numpy()
+numpy arrays (python/tests, which run without torch)."""
 import json
 import struct
 
-import torch
+import numpy as np
 
-_DTYPES = {torch.float64: ("F64", 8), torch.float32: ("F32", 4), torch.int64: ("I64", 8),
-           torch.int32: ("I32", 4)}
-_BY_NAME = {"F64": torch.float64, "F32": torch.float32, "I64": torch.int64, "I32": torch.int32}
+_CODES = {np.dtype("float64"): "F64", np.dtype("float32"): "F32", np.dtype("int64"): "I64",
+          np.dtype("int32"): "I32"}
+_BY_NAME = {code: dtype for dtype, code in _CODES.items()}
 
 
 def save(path, tensors):
     header, blobs, offset = {}, [], 0
     for name in sorted(tensors):
-        t = tensors[name].contiguous().cpu()
-        code, _ = _DTYPES[t.dtype]
-        raw = t.numpy().tobytes()
-        header[name] = {"dtype": code, "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
+        t = tensors[name]
+        if hasattr(t, "detach"):  # a torch tensor
+            t = t.detach().cpu().contiguous().numpy()
+        t = np.ascontiguousarray(t)
+        raw = t.astype(t.dtype.newbyteorder("<")).tobytes()
+        header[name] = {"dtype": _CODES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
         blobs.append(raw)
         offset += len(raw)
     text = json.dumps(header).encode()
@@ -27,7 +32,7 @@ def save(path, tensors):
             f.write(b)
 
 
-def load(path):
+def load_numpy(path):
     with open(path, "rb") as f:
         data = f.read()
     (n,) = struct.unpack("<Q", data[:8])
@@ -38,7 +43,12 @@ def load(path):
         if name == "__metadata__":
             continue
         begin, end = info["data_offsets"]
-        dtype = _BY_NAME[info["dtype"]]
-        t = torch.frombuffer(bytearray(data[base + begin:base + end]), dtype=dtype)
-        out[name] = t.reshape(info["shape"]).clone()
+        a = np.frombuffer(data[base + begin:base + end], dtype=_BY_NAME[info["dtype"]])
+        out[name] = a.reshape(info["shape"]).copy()
     return out
+
+
+def load(path):
+    import torch  # only the cross-checks read torch tensors
+
+    return {name: torch.from_numpy(a) for name, a in load_numpy(path).items()}

@@ -70,7 +70,7 @@ struct run_output {
 };
 
 template <class B = ref>
-run_output run(const model_config& cfg, const token_batch& batch, backward_options opt,
+run_output run(const model_config& cfg, const token_batch& batch, const backward_options& opt,
                std::uint64_t seed = 7) {
   B be;
   gemma_model<B> model(be, cfg);

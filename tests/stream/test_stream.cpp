@@ -25,7 +25,7 @@ struct run_output {
   backward_result result;
 };
 
-run_output run(const model_config& cfg, const random_batch& batch, backward_options opt,
+run_output run(const model_config& cfg, const random_batch& batch, const backward_options& opt,
                std::uint64_t seed = 7) {
   ref be;
   llama_model<ref> model(be, cfg);
@@ -245,7 +245,7 @@ TEST_CASE("bad input gets a clear error") {
   llama_model<ref> model(be, cfg);
   model.init_random(1);
   sft_loss loss;
-  auto message = [&](const token_batch& b, backward_options o) -> std::string {
+  auto message = [&](const token_batch& b, const backward_options& o) -> std::string {
     try {
       compute_gradients(model, b, loss, o);
     } catch (const error& e) {
@@ -318,7 +318,7 @@ TEST_CASE("lazy layer gradients: one layer's gradients at a time, same values") 
 
 namespace {
 
-run_output run_batch(const model_config& cfg, const token_batch& batch, backward_options opt,
+run_output run_batch(const model_config& cfg, const token_batch& batch, const backward_options& opt,
                      std::uint64_t seed = 7) {
   ref be;
   llama_model<ref> model(be, cfg);

@@ -1,4 +1,4 @@
-# scripts/check-options passes on the library's headers, fails on each snippet that takes an
+# scripts/check-options passes on the tree (the library, the tool, tests, benches, bindings), fails on each snippet that takes an
 # options struct by value (naming the file, line and parameter) and passes on one that takes
 # them every allowed way (const T&, east const, an out-parameter, a pointer, the name in a comment,
 # a string, a call or a local variable).
@@ -21,7 +21,11 @@ function(run name expect_rc expect_output path)
   set(failures "${failures}" PARENT_SCOPE)
 endfunction()
 
-run(tree 0 "every options parameter by const reference" ${ROOT}/include/tightfit)
+foreach(part include examples tests bench python fuzz)
+  if(EXISTS ${ROOT}/${part})
+    run(tree_${part} 0 "every options parameter by const reference" ${ROOT}/${part})
+  endif()
+endforeach()
 
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})

@@ -9,8 +9,10 @@
 //   GemmaBackend        TransformerBackend + GELU-tanh GLU, logit soft-capping (Gemma 2 / 3)
 //   OptimizerBackend    DenseBackend + adam_update, sgd_update
 //   Backend             TransformerBackend and OptimizerBackend (the whole set)
-// Tensors are stored as storage_t<B> (B::storage_type, defaulting to B::value_type); scalars and
-// accumulations are accum_t<B> (B::value_type, a floating type). The kernel set is small and
+// Tensors are stored as storage_t<B> (B::storage_type, defaulting to B::value_type); scalars,
+// accumulations and the per-row statistics a backward reads back (RMSNorm's rstd, attention's
+// lse, the cross-entropy's lse, label log-probs and coefficients) are accum_t<B> (B::value_type,
+// a floating type): a bf16 backend keeps them in fp32. The kernel set is small and
 // explicit; every kernel checks the shapes of its arguments and throws tightfit::error naming
 // them.
 //
@@ -119,10 +121,11 @@ struct attention_mask {
 /// for each row i and head h, with l = lse(i, h) and lb = lse_b(i, h),
 ///   lse' = log(exp(l) + exp(lb)), O' = exp(l - lse') O + exp(lb - lse') O_b.
 /// A side with lse = -inf (no key in its blocks) contributes nothing; both -inf stays -inf, O 0.
-/// o, o_b (n, heads*hd) and lse, lse_b (n, heads) of one type; o and lse are updated in place.
-template <class T>
-void merge_attention_blocks(index_t heads, index_t hd, matrix_view<T> o, matrix_view<T> lse,
-                            matrix_view<const T> o_b, matrix_view<const T> lse_b) {
+/// o, o_b (n, heads*hd) of one type, lse, lse_b (n, heads) of one (the statistics' type); o and
+/// lse are updated in place.
+template <class T, class L>
+void merge_attention_blocks(index_t heads, index_t hd, matrix_view<T> o, matrix_view<L> lse,
+                            matrix_view<const T> o_b, matrix_view<const L> lse_b) {
   for (index_t i = 0; i < o.rows; ++i)
     for (index_t h = 0; h < heads; ++h) {
       const double l = static_cast<double>(lse(i, h)), lb = static_cast<double>(lse_b(i, h));
@@ -140,15 +143,15 @@ void merge_attention_blocks(index_t heads, index_t hd, matrix_view<T> o, matrix_
       const double wa = ea / sum, wb = eb / sum;
       for (index_t c = 0; c < hd; ++c)
         oi[c] = static_cast<T>(wa * static_cast<double>(oi[c]) + wb * static_cast<double>(bi[c]));
-      lse(i, h) = static_cast<T>(m + std::log(sum));
+      lse(i, h) = static_cast<L>(m + std::log(sum));
     }
 }
 
 /// merge_attention_blocks through a backend: its own attention_merge when it has one (memory
 /// the host cannot read: cuda_backend; meta_backend does nothing), the host function otherwise.
-template <class B, class T>
-void attention_merge(B& be, index_t heads, index_t hd, matrix_view<T> o, matrix_view<T> lse,
-                     matrix_view<const T> o_b, matrix_view<const T> lse_b) {
+template <class B, class T, class L>
+void attention_merge(B& be, index_t heads, index_t hd, matrix_view<T> o, matrix_view<L> lse,
+                     matrix_view<const T> o_b, matrix_view<const L> lse_b) {
   if constexpr (requires { be.attention_merge(heads, hd, o, lse, o_b, lse_b); })
     be.attention_merge(heads, hd, o, lse, o_b, lse_b);
   else
@@ -249,6 +252,10 @@ concept StorageBackend = requires { typename B::value_type; } &&
 /// The buffer type a backend allocates for its storage type.
 template <StorageBackend B>
 using buffer_t = decltype(std::declval<B&>().template allocate<storage_t<B>>(0));
+/// The buffer type of its statistics (accum_t: rstd, lse, log-probs); buffer_t when the two
+/// types agree (every CPU backend).
+template <StorageBackend B>
+using accum_buffer_t = decltype(std::declval<B&>().template allocate<accum_t<B>>(0));
 
 /// Dense linear algebra over backend memory.
 template <class B>
@@ -264,20 +271,24 @@ concept DenseBackend = StorageBackend<B> &&
   be.copy(cm, m);      // y = x
 };
 
-/// The kernels of a Llama / Qwen decoder and its LM head (what nn/ and stream/ call).
+/// The kernels of a Llama / Qwen decoder and its LM head (what nn/ and stream/ call). The
+/// statistics (rstd, lse, log-probs, coefficients: as, am) are accum_t.
 template <class B>
 concept TransformerBackend = DenseBackend<B> &&
     requires(B& be, index_t n, accum_t<B> a,
              matrix_view<storage_t<B>> m, matrix_view<const storage_t<B>> cm,
              std::span<storage_t<B>> s, std::span<const storage_t<B>> cs,
+             matrix_view<accum_t<B>> am, matrix_view<const accum_t<B>> cam,
+             std::span<accum_t<B>> as, std::span<const accum_t<B>> cas,
              std::span<const token_id> ids, attention_shape shape, const rope_args& rope,
              const attention_mask& mask) {
+  { be.template allocate<accum_t<B>>(n) } -> Buffer<accum_t<B>>;
   // token embedding: out rows = table rows ids; backward accumulates rows into dtable
   be.embedding_forward(cm, ids, m);
   be.embedding_backward(cm, ids, m);
   // RMSNorm over rows: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps)
-  be.rmsnorm_forward(cm, cs, a, m, s);
-  be.rmsnorm_backward(cm, cs, cs, cm, m, s);  // x, w, rstd, dy, dx +=, dw += (empty: skip)
+  be.rmsnorm_forward(cm, cs, a, m, as);
+  be.rmsnorm_backward(cm, cs, cas, cm, m, s);  // x, w, rstd, dy, dx +=, dw += (empty: skip)
   // RoPE (HF rotate-half) in place on (rows, heads * head_dim) at the positions of rope_args
   be.rope_forward(m, n, n, rope);
   be.rope_backward(m, n, n, rope);
@@ -285,11 +296,11 @@ concept TransformerBackend = DenseBackend<B> &&
   be.swiglu_forward(cm, cm, m);
   be.swiglu_backward(cm, cm, cm, m, m);  // gate, up, dout, dgate +=, dup +=
   // causal flash attention of Q rows [q0, q0+rows) against keys [0, K.rows) under a mask
-  be.attention_forward(shape, cm, cm, cm, mask, a, m, m);  // Q K V mask scale -> O lse
-  be.attention_backward(shape, cm, cm, cm, cm, cm, cm, mask, a, m, m, m);  // Q K V O dO lse mask scale dQ+= dK+= dV+=
+  be.attention_forward(shape, cm, cm, cm, mask, a, m, am);  // Q K V mask scale -> O lse
+  be.attention_backward(shape, cm, cm, cm, cm, cm, cam, mask, a, m, m, m);  // Q K V O dO lse mask scale dQ+= dK+= dV+=
   // softmax cross-entropy over a logits chunk (rows, vocab) at temperature tau
-  be.xent_forward(cm, ids, a, s, s);        // logits labels tau -> lse, label logprob
-  be.xent_backward(m, ids, cs, cs, a);      // logits -> dlogits in place; lse, coeff, tau
+  be.xent_forward(cm, ids, a, as, as);      // logits labels tau -> lse, label logprob
+  be.xent_backward(m, ids, cas, cas, a);    // logits -> dlogits in place; lse, coeff, tau
 };
 
 /// The kernels the Gemma 2 / Gemma 3 decoder (nn/gemma_layer.hpp) needs beyond

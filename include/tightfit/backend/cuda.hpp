@@ -7,9 +7,9 @@
 // (storage_t = __nv_bfloat16, accum_t = float). Kernels follow reference_backend's contract
 // (docs/concepts.md) and check shapes with the reference backend's checks
 // (detail/reference_checks.hpp), so both reject the same input with the same message, before
-// any CUDA call. Status: compiled and tested on the host side only (shape checks, concepts);
-// the device tests (tests/cuda, label gpu) and scripts/gpu-check have not run on a GPU yet
-// (docs/cuda.md).
+// any CUDA call. Status: ran on one H200 once (issue #30, before the tensor-core attention and
+// the fp32 statistics); the tensor-core attention (detail/cuda_attention_mma.cuh) is compiled
+// and tested on the host side only, not run on a GPU (docs/cuda.md, scripts/gpu-check).
 //
 // Invariants:
 //  - every kernel runs on the backend's own stream; host spans (token ids, labels) are copied to
@@ -18,16 +18,20 @@
 //    copies run on a second stream after the kernels queued before them; wait_copies() makes
 //    the compute stream wait for them and the host for the copy stream;
 //  - device memory: cudaMallocAsync on that stream, counted in memory() (scratch included:
-//    the bf16 attention backward's fp32 lse, D = rowsum(dO*O), RMSNorm dw partials, ids);
+//    a recomputed fp32 lse, D = rowsum(dO*O), the tensor-core backward's fp32 dQ scratch,
+//    RMSNorm dw partials, ids);
 //    buffers must not outlive the backend;
 //  - nothing touches the device before the first kernel / allocation that needs it (a backend
 //    is constructible without a GPU);
 //  - deterministic mode: every kernel's result is bit-identical run to run (the only
-//    non-deterministic path otherwise is attention's dQ by atomicAdd for float storage);
-//  - bf16: the attention backward recomputes an fp32 lse (a bf16 lse of magnitude ~10 is off by
-//    up to 0.03, which would scale P by 3 %); rstd, lse and logprob outputs are stored in
-//    storage_t as the concept asks. adam_update has a mixed-precision overload with fp32 master
-//    weights and moments that also writes the bf16 copy.
+//    non-deterministic path otherwise is attention's dQ by atomicAdd: float storage on the
+//    CUDA cores, bf16 on the tensor cores);
+//  - bf16: the statistics (rstd, attention and cross-entropy lse, log-probs, coefficients) are
+//    fp32 (accum_t), as the concept asks; a kernel also takes them in storage_t, and the
+//    attention backward recomputes an fp32 lse from a bf16 one (a bf16 lse of magnitude ~10 is
+//    off by up to 0.03, which would scale P by 3 %). fill and copy take float views too.
+//    adam_update has a mixed-precision overload with fp32 master weights and moments that also
+//    writes the bf16 copy.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -40,13 +44,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <initializer_list>
 #include <numeric>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 #include "tightfit/backend/concept.hpp"
 #include "tightfit/backend/detail/cuda_attention.cuh"
+#include "tightfit/backend/detail/cuda_attention_mma.cuh"
 #include "tightfit/backend/detail/cuda_gemm.hpp"
 #include "tightfit/backend/detail/cuda_kernels.cuh"
 #include "tightfit/backend/detail/cuda_runtime.hpp"
@@ -59,12 +67,34 @@
 
 namespace tightfit {
 
+/// Which kernels run attention: automatic (the tensor-core kernels wherever they apply: bf16
+/// storage, head_dim 64 or 128, sm_80+, 16-byte aligned rows; the CUDA-core kernels otherwise),
+/// or one forced. Forcing tensor_cores on a call they cannot run throws.
+enum class attention_engine { automatic, tensor_cores, cuda_cores };
+
 /// Options of a cuda_backend.
 struct cuda_backend_options {
   int device = 0;              ///< CUDA device ordinal
   bool tf32 = false;           ///< float storage: GEMMs in TF32 (CUBLAS_COMPUTE_32F_FAST_TF32)
   bool deterministic = false;  ///< bit-identical results run to run (attention dQ without atomics)
+  /// automatic defers to the environment variable TIGHTFIT_CUDA_ATTENTION (auto, tensor_cores,
+  /// cuda_cores) when it is set: how scripts/gpu-check runs both engines from one binary.
+  attention_engine attention = attention_engine::automatic;
 };
+
+namespace detail {
+/// The engine a backend uses: `requested`, or TIGHTFIT_CUDA_ATTENTION's when it is automatic.
+/// `env` is the variable's value (nullptr: unset); anything but auto, tensor_cores and
+/// cuda_cores throws tightfit::error naming it.
+inline attention_engine resolve_attention_engine(attention_engine requested, const char* env) {
+  if (requested != attention_engine::automatic || env == nullptr) return requested;
+  const std::string v(env);
+  if (v.empty() || v == "auto") return attention_engine::automatic;
+  if (v == "tensor_cores") return attention_engine::tensor_cores;
+  if (v == "cuda_cores") return attention_engine::cuda_cores;
+  throw error("TIGHTFIT_CUDA_ATTENTION is '" + v + "', expected auto, tensor_cores or cuda_cores");
+}
+}  // namespace detail
 
 /// The CUDA Backend. Storage is float or __nv_bfloat16; value_type (scalars, accumulation) is
 /// float. Non-copyable: it owns the stream, the cuBLAS handle and the memory counter.
@@ -78,7 +108,10 @@ requires(std::is_same_v<Storage, float> ||
   using F = float;
 
   explicit cuda_backend(const cuda_backend_options& options = {})
-      : options_(options), ctx_(options.device) {}
+      : options_(options),
+        engine_(detail::resolve_attention_engine(options.attention,
+                                                 std::getenv("TIGHTFIT_CUDA_ATTENTION"))),
+        ctx_(options.device) {}
   cuda_backend(const cuda_backend&) = delete;
   cuda_backend& operator=(const cuda_backend&) = delete;
 
@@ -94,6 +127,11 @@ requires(std::is_same_v<Storage, float> ||
   void synchronize() { ctx_.synchronize(); }
   /// Number of CUDA devices (0 without a driver or a device; never throws).
   static int device_count() { return detail::cuda_device_count(); }
+
+  /// The element types a statistic (rstd, lse, log-prob, coefficient) may have: float, the
+  /// concept's accum_t (fp32 statistics of bf16 storage), or storage_t (the same for float).
+  template <class U>
+  static constexpr bool stat_type = std::is_same_v<U, S> || std::is_same_v<U, float>;
 
   // ---- storage ------------------------------------------------------------------------------
 
@@ -187,16 +225,18 @@ requires(std::is_same_v<Storage, float> ||
     detail::check_layout("scale", "x", x);
     dense(detail::cuda_k::dense_op::scale, alpha, nullptr, 0, x);
   }
-  /// x = value.
-  void fill(matrix_view<S> x, F value) {
+  /// x = value (storage_t, or float: the statistics).
+  template <class U>
+  requires(stat_type<U>) void fill(matrix_view<U> x, F value) {
     detail::check_layout("fill", "x", x);
-    dense(detail::cuda_k::dense_op::fill, value, nullptr, 0, x);
+    dense<U>(detail::cuda_k::dense_op::fill, value, nullptr, 0, x);
   }
-  /// y = x.
-  void copy(matrix_view<const S> x, matrix_view<S> y) {
+  /// y = x (storage_t, or float: the statistics).
+  template <class U>
+  requires(stat_type<U>) void copy(std::type_identity_t<matrix_view<const U>> x, matrix_view<U> y) {
     detail::check_layout("copy", "x", x);
     detail::check_like("copy", "y", y, "x", x.rows, x.cols);
-    dense(detail::cuda_k::dense_op::copy, 0.f, x.data, x.stride, y);
+    dense<U>(detail::cuda_k::dense_op::copy, 0.f, x.data, x.stride, y);
   }
 
   // ---- token embedding ----------------------------------------------------------------------
@@ -245,23 +285,30 @@ requires(std::is_same_v<Storage, float> ||
 
   // ---- RMSNorm ------------------------------------------------------------------------------
 
-  void rmsnorm_forward(matrix_view<const S> x, std::span<const S> w, F eps, matrix_view<S> y,
-                       std::span<S> rstd) {
-    detail::check_rmsnorm_forward(cv(x), cs(w), eps, mv(y), ms(rstd));
+  /// rstd: float (fp32 statistics), or storage_t.
+  template <class R>
+  requires(stat_type<R>) void rmsnorm_forward(matrix_view<const S> x, std::span<const S> w, F eps,
+                                              matrix_view<S> y, std::span<R> rstd) {
+    detail::check_rmsnorm_forward(cv(x), cs(w), eps, mv(y), detail::retype<F>(rstd));
     if (x.rows == 0) return;
     ctx_.ensure();
-    detail::cuda_k::rmsnorm_forward_kernel<S>
+    detail::cuda_k::rmsnorm_forward_kernel<S, R>
         <<<grid(x.rows), row_threads(x.cols), 0, ctx_.stream()>>>(
             x.data, x.stride, w.data(), eps, y.data, y.stride, rstd.data(), x.cols);
     launched("rmsnorm_forward");
   }
 
-  void rmsnorm_backward(matrix_view<const S> x, std::span<const S> w, std::span<const S> rstd,
-                        matrix_view<const S> dy, matrix_view<S> dx, std::span<S> dw) {
-    detail::check_rmsnorm_backward(cv(x), cs(w), cs(rstd), cv(dy), mv(dx), ms(dw));
+  template <class RV>
+  requires(stat_type<std::remove_const_t<RV>>) void rmsnorm_backward(
+      matrix_view<const S> x, std::span<const S> w, std::span<RV> rstd_in, matrix_view<const S> dy,
+      matrix_view<S> dx, std::span<S> dw) {
+    using R = std::remove_const_t<RV>;
+    const std::span<const R> rstd = rstd_in;
+    detail::check_rmsnorm_backward(cv(x), cs(w), detail::retype<const F>(rstd), cv(dy), mv(dx),
+                                   ms(dw));
     if (x.rows == 0 || x.cols == 0) return;
     ctx_.ensure();
-    detail::cuda_k::rmsnorm_backward_dx_kernel<S>
+    detail::cuda_k::rmsnorm_backward_dx_kernel<S, R>
         <<<grid(x.rows), row_threads(x.cols), 0, ctx_.stream()>>>(x.data, x.stride, w.data(),
                                                                   rstd.data(), dy.data, dy.stride,
                                                                   dx.data, dx.stride, x.cols);
@@ -271,7 +318,7 @@ requires(std::is_same_v<Storage, float> ||
     const index_t chunks = (x.rows + rows_per_chunk - 1) / rows_per_chunk;
     auto partial = allocate<float>(chunks * x.cols);  // (chunks, d)
     const dim3 g(static_cast<unsigned>((x.cols + 255) / 256), static_cast<unsigned>(chunks));
-    detail::cuda_k::rmsnorm_dw_partial_kernel<S>
+    detail::cuda_k::rmsnorm_dw_partial_kernel<S, R>
         <<<g, 256, 0, ctx_.stream()>>>(x.data, x.stride, rstd.data(), dy.data, dy.stride,
                                        partial.data(), x.rows, x.cols, rows_per_chunk);
     launched("rmsnorm_backward (dw partials)");
@@ -360,12 +407,19 @@ requires(std::is_same_v<Storage, float> ||
   }
 
   // ---- attention ----------------------------------------------------------------------------
+  // bf16 storage, head_dim 64 or 128, sm_80+ and 16-byte aligned rows: the tensor-core kernels
+  // (detail/cuda_attention_mma.cuh); otherwise, or with attention_engine::cuda_cores, the
+  // CUDA-core kernels (detail/cuda_attention.cuh). lse is storage_t or float (L): the backward
+  // reads a float lse as it is and recomputes one in fp32 from a bf16 lse.
 
   /// Causal GQA flash attention forward (contract: reference_backend::attention_forward).
-  void attention_forward(const attention_shape& shape, matrix_view<const S> q,
-                         matrix_view<const S> k, matrix_view<const S> v, const attention_mask& mask,
-                         F scale, matrix_view<S> o, matrix_view<S> lse) {
-    detail::check_attention_forward(shape, cv(q), cv(k), cv(v), mask, scale, mv(o), mv(lse));
+  template <class L>
+  requires(stat_type<L>) void attention_forward(const attention_shape& shape,
+                                                matrix_view<const S> q, matrix_view<const S> k,
+                                                matrix_view<const S> v, const attention_mask& mask,
+                                                F scale, matrix_view<S> o, matrix_view<L> lse) {
+    detail::check_attention_forward(shape, cv(q), cv(k), cv(v), mask, scale, mv(o),
+                                    detail::retype<F>(lse));
     ++stats_.attention_forward_calls;
     stats_.attention_flops +=
         4.0 * static_cast<double>(shape.head_dim) * visible_triples(shape, q.rows, k.rows, mask);
@@ -373,8 +427,13 @@ requires(std::is_same_v<Storage, float> ||
     ctx_.ensure();
     auto doc = doc_starts(mask, q.rows);
     const auto a = attn_args(shape, q.rows, k.rows, mask, doc.data(), scale);
+    if (use_mma(a,
+                {{q.data, q.stride}, {k.data, k.stride}, {v.data, v.stride}, {o.data, o.stride}})) {
+      mma_forward<L, false>(a, q, k, v, o.data, o.stride, lse.data, lse.stride);
+      return;
+    }
     const std::size_t smem = detail::cuda_k::attn_forward_smem(shape.head_dim);
-    auto kernel = detail::cuda_k::attn_forward_kernel<S, S, false>;
+    auto kernel = detail::cuda_k::attn_forward_kernel<S, L, false>;
     prepare_smem("attention_forward", kernel, smem, shape.head_dim);
     kernel<<<attn_grid(q.rows, shape.heads), detail::cuda_k::attn_threads, smem, ctx_.stream()>>>(
         a, q.data, q.stride, k.data, k.stride, v.data, v.stride, o.data, o.stride, lse.data,
@@ -383,13 +442,17 @@ requires(std::is_same_v<Storage, float> ||
   }
 
   /// Exact gradient of attention_forward (contract: reference_backend::attention_backward).
-  void attention_backward(const attention_shape& shape, matrix_view<const S> q,
-                          matrix_view<const S> k, matrix_view<const S> v, matrix_view<const S> o,
-                          matrix_view<const S> dout, matrix_view<const S> lse,
-                          const attention_mask& mask, F scale, matrix_view<S> dq, matrix_view<S> dk,
-                          matrix_view<S> dv) {
-    detail::check_attention_backward(shape, cv(q), cv(k), cv(v), cv(o), cv(dout), cv(lse), mask,
-                                     scale, mv(dq), mv(dk), mv(dv));
+  template <class LV>
+  requires(stat_type<std::remove_const_t<LV>>) void attention_backward(
+      const attention_shape& shape, matrix_view<const S> q, matrix_view<const S> k,
+      matrix_view<const S> v, matrix_view<const S> o, matrix_view<const S> dout,
+      matrix_view<LV> lse_view, const attention_mask& mask, F scale, matrix_view<S> dq,
+      matrix_view<S> dk, matrix_view<S> dv) {
+    using L = std::remove_const_t<LV>;
+    const matrix_view<const L> lse = lse_view;
+    detail::check_attention_backward(shape, cv(q), cv(k), cv(v), cv(o), cv(dout),
+                                     detail::retype<const F>(lse), mask, scale, mv(dq), mv(dk),
+                                     mv(dv));
     ++stats_.attention_backward_calls;
     stats_.attention_flops +=
         10.0 * static_cast<double>(shape.head_dim) * visible_triples(shape, q.rows, k.rows, mask);
@@ -399,25 +462,36 @@ requires(std::is_same_v<Storage, float> ||
     auto doc = doc_starts(mask, q.rows);
     const auto a = attn_args(shape, q.rows, k.rows, mask, doc.data(), scale);
     const index_t hd = shape.head_dim;
-    // fp32 lse: the saved one (float storage) or recomputed (bf16 storage, see the top comment)
+    const bool mma = use_mma(a, {{q.data, q.stride},
+                                 {k.data, k.stride},
+                                 {v.data, v.stride},
+                                 {dout.data, dout.stride},
+                                 {dq.data, dq.stride},
+                                 {dk.data, dk.stride},
+                                 {dv.data, dv.stride}});
+    // fp32 lse: the given one, or recomputed from Q and K (a bf16 lse, see the top comment)
     const float* lse_f = nullptr;
     index_t lss = 0;
-    detail::cuda_buffer<float> lse_scratch;  // (nq, heads) for bf16
-    if constexpr (std::is_same_v<S, float>) {
+    detail::cuda_buffer<float> lse_scratch;  // (nq, heads) for a bf16 lse
+    if constexpr (std::is_same_v<L, float>) {
       lse_f = lse.data;
       lss = lse.stride;
     } else {
       // the recomputed lse would be this key block's, not the whole call's
       check(!mask.is_block(k.rows), "cuda_backend::attention_backward: a key block (k0 ", mask.k0,
-            ", key_end ", mask.key_end, ") needs float storage (bf16 recomputes lse)");
+            ", key_end ", mask.key_end, ") needs a float lse (a bf16 lse is recomputed)");
       lse_scratch = allocate<float>(q.rows * shape.heads);
-      const std::size_t smem = ck::attn_forward_smem(hd);
-      auto kernel = ck::attn_forward_kernel<S, float, true>;
-      prepare_smem("attention_backward", kernel, smem, hd);
-      kernel<<<attn_grid(q.rows, shape.heads), ck::attn_threads, smem, ctx_.stream()>>>(
-          a, q.data, q.stride, k.data, k.stride, v.data, v.stride, nullptr, 0, lse_scratch.data(),
-          shape.heads);
-      launched("attention_backward (lse)");
+      if (mma) {
+        mma_forward<float, true>(a, q, k, v, nullptr, 0, lse_scratch.data(), shape.heads);
+      } else {
+        const std::size_t smem = ck::attn_forward_smem(hd);
+        auto kernel = ck::attn_forward_kernel<S, float, true>;
+        prepare_smem("attention_backward", kernel, smem, hd);
+        kernel<<<attn_grid(q.rows, shape.heads), ck::attn_threads, smem, ctx_.stream()>>>(
+            a, q.data, q.stride, k.data, k.stride, v.data, v.stride, nullptr, 0, lse_scratch.data(),
+            shape.heads);
+        launched("attention_backward (lse)");
+      }
       lse_f = lse_scratch.data();
       lss = shape.heads;
     }
@@ -427,6 +501,10 @@ requires(std::is_same_v<Storage, float> ||
     launched("attention_backward (D)");
     const index_t kmax = ck::attn_local_keys(a);
     if (kmax == 0) return;  // no key of this block is visible to any query
+    if (mma) {
+      mma_backward(a, q, k, v, dout, lse_f, lss, dvec.data(), kmax, dq, dk, dv);
+      return;
+    }
     const dim3 gk(static_cast<unsigned>((kmax + ck::attn_bc - 1) / ck::attn_bc),
                   static_cast<unsigned>(shape.kv_heads));
     const std::size_t smem_kv = ck::attn_dkdv_smem(hd);
@@ -458,12 +536,20 @@ requires(std::is_same_v<Storage, float> ||
     launched("attention_backward (dQ)");
   }
 
+  /// Attention calls (forward or backward) that ran on the tensor-core kernels.
+  std::int64_t tensor_core_attention_calls() const { return mma_calls_; }
+  /// The attention engine in force: options().attention, or TIGHTFIT_CUDA_ATTENTION when that
+  /// is automatic.
+  attention_engine attention() const { return engine_; }
+
   /// merge_attention_blocks (backend/concept.hpp) on the device.
-  void attention_merge(index_t heads, index_t hd, matrix_view<S> o, matrix_view<S> lse,
-                       matrix_view<const S> o_b, matrix_view<const S> lse_b) {
+  template <class L, class LB>
+  requires(stat_type<L>&& std::is_same_v<std::remove_const_t<LB>, L>) void attention_merge(
+      index_t heads, index_t hd, matrix_view<S> o, matrix_view<L> lse, matrix_view<const S> o_b,
+      matrix_view<LB> lse_b) {
     if (o.rows == 0) return;
     ctx_.ensure();
-    detail::cuda_k::attn_merge_kernel<S>
+    detail::cuda_k::attn_merge_kernel<S, L>
         <<<elementwise_grid(o.rows * heads), 256, 0, ctx_.stream()>>>(
             o.rows, heads, hd, o.data, o.stride, lse.data, lse.stride, o_b.data, o_b.stride,
             lse_b.data, lse_b.stride);
@@ -473,24 +559,37 @@ requires(std::is_same_v<Storage, float> ||
   // ---- cross-entropy ------------------------------------------------------------------------
 
   /// lse_i = log sum_v exp(logits_iv / tau); logprob_i = logits_i[y_i] / tau - lse_i (0 when
-  /// y_i == ignore_index). Labels on the host; lse, logprob in device memory.
-  void xent_forward(matrix_view<const S> logits, std::span<const token_id> labels, F tau,
-                    std::span<S> lse, std::span<S> logprob) {
-    detail::check_xent_forward(cv(logits), labels, tau, ms(lse), ms(logprob));
+  /// y_i == ignore_index). Labels on the host; lse, logprob in device memory, float (fp32
+  /// statistics) or storage_t.
+  template <class R>
+  requires(stat_type<R>) void xent_forward(matrix_view<const S> logits,
+                                           std::span<const token_id> labels, F tau,
+                                           std::span<R> lse, std::span<R> logprob) {
+    detail::check_xent_forward(cv(logits), labels, tau, detail::retype<F>(lse),
+                               detail::retype<F>(logprob));
     if (logits.rows == 0) return;
     auto dl = to_device(labels);
-    detail::cuda_k::xent_forward_kernel<S><<<grid(logits.rows), 512, 0, ctx_.stream()>>>(
+    detail::cuda_k::xent_forward_kernel<S, R><<<grid(logits.rows), 512, 0, ctx_.stream()>>>(
         logits.data, logits.stride, dl.data(), tau, lse.data(), logprob.data(), logits.cols);
     launched("xent_forward");
   }
 
-  /// In place: logits <- coeff_i (onehot(y_i) - softmax(logits_i / tau)) / tau.
-  void xent_backward(matrix_view<S> logits, std::span<const token_id> labels,
-                     std::span<const S> lse, std::span<const S> coeff, F tau) {
-    detail::check_xent_backward(mv(logits), labels, cs(lse), cs(coeff), tau);
+  /// In place: logits <- coeff_i (onehot(y_i) - softmax(logits_i / tau)) / tau; lse and coeff
+  /// float or storage_t (one type).
+  template <class RV, class CV>
+  requires(stat_type<std::remove_const_t<RV>>&& std::is_same_v<
+           std::remove_const_t<RV>,
+           std::remove_const_t<CV>>) void xent_backward(matrix_view<S> logits,
+                                                        std::span<const token_id> labels,
+                                                        std::span<RV> lse_in,
+                                                        std::span<CV> coeff_in, F tau) {
+    using R = std::remove_const_t<RV>;
+    const std::span<const R> lse = lse_in, coeff = coeff_in;
+    detail::check_xent_backward(mv(logits), labels, detail::retype<const F>(lse),
+                                detail::retype<const F>(coeff), tau);
     if (logits.rows == 0) return;
     auto dl = to_device(labels);
-    detail::cuda_k::xent_backward_kernel<S><<<grid(logits.rows), 512, 0, ctx_.stream()>>>(
+    detail::cuda_k::xent_backward_kernel<S, R><<<grid(logits.rows), 512, 0, ctx_.stream()>>>(
         logits.data, logits.stride, dl.data(), lse.data(), coeff.data(), tau, logits.cols);
     launched("xent_backward");
   }
@@ -562,6 +661,104 @@ requires(std::is_same_v<Storage, float> ||
     detail::cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(bytes)),
                        what);
+    // the largest shared-memory carveout: two tensor-core attention blocks per SM need it
+    detail::cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                            static_cast<int>(cudaSharedmemCarveoutMaxShared)),
+                       what);
+  }
+
+  /// Whether this attention call runs on the tensor-core kernels (counted); throws when they
+  /// are forced and cannot run it.
+  bool use_mma(const detail::cuda_k::attn_args& a,
+               std::initializer_list<detail::cuda_k::mma::operand> ops) {
+    if (engine_ == attention_engine::cuda_cores) return false;
+    const index_t positions = std::max({a.q0 + a.nq, a.k0 + a.nk, a.kmax});
+    const char* why = detail::cuda_k::mma::refusal(std::is_same_v<S, __nv_bfloat16>, a.hd,
+                                                   ctx_.cc_major(), positions, ops);
+    if (why != nullptr) {
+      check(engine_ != attention_engine::tensor_cores,
+            "cuda_backend: tensor-core attention is forced, but ", why, " (head_dim ", a.hd, ")");
+      return false;
+    }
+    ++mma_calls_;
+    return true;
+  }
+
+  /// f(std::integral_constant<int, HD>) for the tensor-core head dims.
+  template <class Fn>
+  static void with_head_dim(index_t hd, Fn&& f) {
+    if (hd == 64)
+      f(std::integral_constant<int, 64>{});
+    else
+      f(std::integral_constant<int, 128>{});
+  }
+
+  /// The tensor-core forward: O and lse (type L), or lse only.
+  template <class L, bool LseOnly>
+  void mma_forward(const detail::cuda_k::attn_args& a, matrix_view<const S> q,
+                   matrix_view<const S> k, matrix_view<const S> v, S* o, index_t os, L* lse,
+                   index_t lss) {
+    if constexpr (std::is_same_v<S, __nv_bfloat16>) {
+      namespace mk = detail::cuda_k::mma;
+      with_head_dim(a.hd, [&](auto hd) {
+        constexpr int HD = decltype(hd)::value;
+        auto kernel = mk::fwd_kernel<HD, L, LseOnly>;
+        const std::size_t smem = mk::fwd_smem(HD);
+        prepare_smem("attention_forward (tensor cores)", kernel, smem, a.hd);
+        kernel<<<mma_grid(a.nq, a.heads), mk::threads, smem, ctx_.stream()>>>(
+            a, q.data, q.stride, k.data, k.stride, v.data, v.stride, o, os, lse, lss);
+        launched(LseOnly ? "attention_backward (lse, tensor cores)"
+                         : "attention_forward (tensor cores)");
+      });
+    }
+  }
+
+  /// The tensor-core backward given the fp32 lse and D: dK, dV per key tile (with dQ by
+  /// atomicAdd into an fp32 scratch), or, deterministic, dK, dV then dQ per query tile.
+  void mma_backward(const detail::cuda_k::attn_args& a, matrix_view<const S> q,
+                    matrix_view<const S> k, matrix_view<const S> v, matrix_view<const S> dout,
+                    const float* lse, index_t lss, const float* dvec, index_t kmax,
+                    matrix_view<S> dq, matrix_view<S> dk, matrix_view<S> dv) {
+    if constexpr (std::is_same_v<S, __nv_bfloat16>) {
+      namespace mk = detail::cuda_k::mma;
+      const dim3 gk(static_cast<unsigned>((kmax + mk::bc - 1) / mk::bc),
+                    static_cast<unsigned>(a.heads / a.group));
+      with_head_dim(a.hd, [&](auto hd) {
+        constexpr int HD = decltype(hd)::value;
+        const std::size_t smem_kv = mk::dkdv_smem(HD);
+        if (!options_.deterministic) {
+          auto dqacc = allocate<float>(a.nq * a.heads * HD);  // (nq, heads*hd) unscaled dQ
+          auto kernel = mk::dkdv_kernel<HD, true>;
+          prepare_smem("attention_backward (tensor cores)", kernel, smem_kv, a.hd);
+          kernel<<<gk, mk::threads, smem_kv, ctx_.stream()>>>(
+              a, q.data, q.stride, k.data, k.stride, v.data, v.stride, dout.data, dout.stride, lse,
+              lss, dvec, dqacc.data(), dk.data, dk.stride, dv.data, dv.stride);
+          launched("attention_backward (dK, dV, dQ; tensor cores)");
+          mk::dq_add_kernel<S><<<elementwise_grid(a.nq * a.heads * HD), 256, 0, ctx_.stream()>>>(
+              a.nq, a.heads * HD, dqacc.data(), a.scale, dq.data, dq.stride);
+          launched("attention_backward (dQ += scratch)");
+          return;
+        }
+        auto kernel = mk::dkdv_kernel<HD, false>;
+        prepare_smem("attention_backward (tensor cores)", kernel, smem_kv, a.hd);
+        kernel<<<gk, mk::threads, smem_kv, ctx_.stream()>>>(
+            a, q.data, q.stride, k.data, k.stride, v.data, v.stride, dout.data, dout.stride, lse,
+            lss, dvec, nullptr, dk.data, dk.stride, dv.data, dv.stride);
+        launched("attention_backward (dK, dV; tensor cores)");
+        auto kq = mk::dq_kernel<HD>;
+        const std::size_t smem_q = mk::dq_smem(HD);
+        prepare_smem("attention_backward (tensor cores)", kq, smem_q, a.hd);
+        kq<<<mma_grid(a.nq, a.heads), mk::threads, smem_q, ctx_.stream()>>>(
+            a, q.data, q.stride, k.data, k.stride, v.data, v.stride, dout.data, dout.stride, lse,
+            lss, dvec, dq.data, dq.stride);
+        launched("attention_backward (dQ; tensor cores)");
+      });
+    }
+  }
+  static dim3 mma_grid(index_t rows, index_t heads) {
+    return dim3(
+        static_cast<unsigned>((rows + detail::cuda_k::mma::br - 1) / detail::cuda_k::mma::br),
+        static_cast<unsigned>(heads));
   }
 
   static detail::cuda_k::attn_args attn_args(const attention_shape& s, index_t nq, index_t nk,
@@ -608,10 +805,12 @@ requires(std::is_same_v<Storage, float> ||
     return buf;
   }
 
-  void dense(detail::cuda_k::dense_op op, F alpha, const S* x, index_t xs, matrix_view<S> y) {
+  template <class U = S>
+  void dense(detail::cuda_k::dense_op op, F alpha, std::type_identity_t<const U*> x, index_t xs,
+             matrix_view<U> y) {
     if (y.empty()) return;
     ctx_.ensure();
-    detail::cuda_k::dense_kernel<S><<<elementwise_grid(y.size()), 256, 0, ctx_.stream()>>>(
+    detail::cuda_k::dense_kernel<U><<<elementwise_grid(y.size()), 256, 0, ctx_.stream()>>>(
         op, alpha, x, xs, y.data, y.stride, y.rows, y.cols);
     launched("dense kernel");
   }
@@ -651,6 +850,8 @@ requires(std::is_same_v<Storage, float> ||
   }
 
   cuda_backend_options options_;
+  attention_engine engine_;
+  std::int64_t mma_calls_ = 0;
   void copy_between(const char* what, std::span<const S> src, std::span<S> dst,
                     cudaMemcpyKind kind) {
     detail::check_size(what, "dst", dst, static_cast<index_t>(src.size()), "(src.size)");

@@ -51,6 +51,11 @@ enum mebb_flag : unsigned {
   mebb_face_hidden = 1u << 7,
 };
 
+/// The names of the mebb_flag bits, bit k at index k (the tool's JSON "flags").
+inline constexpr std::array<const char*, 8> mebb_flag_names = {
+    "near_square", "soft_retry", "safeguard",     "appendage",
+    "flat",        "line",       "not_converged", "face_hidden"};
+
 /// The MEBB measurement. Faces are indexed 2a + (s < 0): +x, -x, +y, -y, +z, -z of the box frame.
 struct mebb_result {
   oriented_box box;              ///< the main body, in input coordinates

@@ -98,6 +98,10 @@ class dpo_loss {
   }
 
   static constexpr bool statistics_pass() { return true; }
+  /// coefficients() writes coeff from the statistics pass alone (the chosen tokens' NLL term
+  /// reads lp for its loss part only) and changes nothing: the head's gradient pass downloads
+  /// the log-probs once, at its end (stream/head.hpp), not per chunk.
+  static constexpr bool coefficients_use_logprobs() { return false; }
 
   /// Pairs of this batch, and its chosen completions' counted tokens (the NLL term's mean).
   objective_counts local_counts(const token_layout& layout) const {

@@ -13,7 +13,8 @@
 //     The head turns coeff into dz_t = coeff_t (onehot(y_t) - softmax(z_t)) / tau.
 //  4. finish(sum of the returned parts) gives the loss.
 // Optional: an objective whose coefficients() writes coeff without reading lp and changes
-// nothing declares `static constexpr bool coefficients_use_logprobs() { return false; }` (SFT);
+// nothing declares `static constexpr bool coefficients_use_logprobs() { return false; }` (SFT,
+// DPO);
 // the head then writes coeff before the chunk's log-probs reach the host and calls
 // coefficients() again, in the same chunk order, once they have (one download per pass).
 // Rows whose target is ignore_index have lp = 0 and must get coeff = 0.

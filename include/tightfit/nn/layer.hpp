@@ -22,6 +22,7 @@
 #include <concepts>
 #include <cstddef>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "tightfit/backend/concept.hpp"
@@ -78,19 +79,20 @@ struct sequence_batch {
   }
 };
 
-/// Copies rows [c0, c1) of every sequence of src (B*T, w) into dst (B*c, w), c = c1 - c0.
-template <DenseBackend B>
+/// Copies rows [c0, c1) of every sequence of src (B*T, w) into dst (B*c, w), c = c1 - c0. U:
+/// storage_t, or accum_t for the statistics (the backend copies both).
+template <DenseBackend B, class U = storage_t<B>>
 void gather_rows(B& be, const sequence_batch& seq, index_t c0, index_t c1,
-                 matrix_view<const storage_t<B>> src, matrix_view<storage_t<B>> dst) {
+                 std::type_identity_t<matrix_view<const U>> src, matrix_view<U> dst) {
   const index_t c = c1 - c0, t = seq.seq_len;
   for (index_t b = 0; b < seq.batch; ++b)
     be.copy(src.row_range(b * t + c0, b * t + c1), dst.row_range(b * c, (b + 1) * c));
 }
 
 /// The inverse of gather_rows: src (B*c, w) into rows [c0, c1) of every sequence of dst.
-template <DenseBackend B>
+template <DenseBackend B, class U = storage_t<B>>
 void scatter_rows(B& be, const sequence_batch& seq, index_t c0, index_t c1,
-                  matrix_view<const storage_t<B>> src, matrix_view<storage_t<B>> dst) {
+                  std::type_identity_t<matrix_view<const U>> src, matrix_view<U> dst) {
   const index_t c = c1 - c0, t = seq.seq_len;
   for (index_t b = 0; b < seq.batch; ++b)
     be.copy(src.row_range(b * c, (b + 1) * c), dst.row_range(b * t + c0, b * t + c1));

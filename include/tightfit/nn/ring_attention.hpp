@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <limits>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -41,6 +42,7 @@ class ring_attention {
   using T = storage_t<B>;
   using A = accum_t<B>;
   using buffer = buffer_t<B>;
+  using stat_buffer = accum_buffer_t<B>;  ///< lse: accum_t
 
   /// y (B*Tl, d) = layer(x (B*Tl, d)) over the shard's positions: the own queries' attention
   /// over the ring's blocks, then the rest of the layer `chunk` positions at a time.
@@ -123,7 +125,7 @@ class ring_attention {
                   shape, a.q.view(n, qw).row_range(b * c, (b + 1) * c), keys, vals,
                   matrix_view<const T>(ring_->o.view(rows, qw).row_range(o0, o0 + c)),
                   matrix_view<const T>(ring_->d_o.view(rows, qw).row_range(o0, o0 + c)),
-                  matrix_view<const T>(ring_->lse.view(rows, h).row_range(o0, o0 + c)), m, scale,
+                  matrix_view<const A>(ring_->lse.view(rows, h).row_range(o0, o0 + c)), m, scale,
                   dq.view(n, qw).row_range(b * c, (b + 1) * c),
                   kv.dk.view(travel, kvw).row_range(k_r0, k_r1),
                   kv.dv.view(travel, kvw).row_range(k_r0, k_r1));
@@ -170,9 +172,9 @@ class ring_attention {
 
   /// The own rows' attention over a sequence shard's K/V ring (forward_shard, the backward).
   struct ring_state {
-    buffer o;    // (B*Tl, H*hd) attention output, merged over the ring's blocks
-    buffer lse;  // (B*Tl, H)
-    buffer d_o;  // (B*Tl, H*hd) its gradient (backward_chunk, then end_backward_shard)
+    buffer o;         // (B*Tl, H*hd) attention output, merged over the ring's blocks
+    stat_buffer lse;  // (B*Tl, H)
+    buffer d_o;       // (B*Tl, H*hd) its gradient (backward_chunk, then end_backward_shard)
   };
 
   // What the skeleton asks of the extension: where the rows are, and the ring's attention rows.
@@ -186,17 +188,19 @@ class ring_attention {
     return c1 - c0 == (shard_ ? shard_->local_len() : seq.seq_len);
   }
   /// gather_rows / scatter_rows for x, y, dy, dx: (B*T) rows, or the shard's (B*Tl) rows
-  /// (then [c0, c1) must lie inside one of its blocks).
-  void gather_x(B& be, const sequence_batch& seq, index_t c0, index_t c1, matrix_view<const T> src,
-                matrix_view<T> dst) const {
-    if (!shard_) return gather_rows(be, seq, c0, c1, src, dst);
+  /// (then [c0, c1) must lie inside one of its blocks). U: T, or A for the statistics.
+  template <class U = T>
+  void gather_x(B& be, const sequence_batch& seq, index_t c0, index_t c1,
+                std::type_identity_t<matrix_view<const U>> src, matrix_view<U> dst) const {
+    if (!shard_) return gather_rows<B, U>(be, seq, c0, c1, src, dst);
     const index_t l0 = local_start(c0, c1), c = c1 - c0, tl = shard_->local_len();
     for (index_t b = 0; b < seq.batch; ++b)
       be.copy(src.row_range(b * tl + l0, b * tl + l0 + c), dst.row_range(b * c, (b + 1) * c));
   }
-  void scatter_x(B& be, const sequence_batch& seq, index_t c0, index_t c1, matrix_view<const T> src,
-                 matrix_view<T> dst) const {
-    if (!shard_) return scatter_rows(be, seq, c0, c1, src, dst);
+  template <class U = T>
+  void scatter_x(B& be, const sequence_batch& seq, index_t c0, index_t c1,
+                 std::type_identity_t<matrix_view<const U>> src, matrix_view<U> dst) const {
+    if (!shard_) return scatter_rows<B, U>(be, seq, c0, c1, src, dst);
     const index_t l0 = local_start(c0, c1), c = c1 - c0, tl = shard_->local_len();
     for (index_t b = 0; b < seq.batch; ++b)
       be.copy(src.row_range(b * c, (b + 1) * c), dst.row_range(b * tl + l0, b * tl + l0 + c));
@@ -206,13 +210,15 @@ class ring_attention {
   struct row_map {
     const ring_attention* ext;
     index_t rows(const sequence_batch& seq) const { return ext->local_rows(seq); }
-    void gather(B& be, const sequence_batch& seq, index_t c0, index_t c1, matrix_view<const T> src,
-                matrix_view<T> dst) const {
-      ext->gather_x(be, seq, c0, c1, src, dst);
+    template <class U>
+    void gather(B& be, const sequence_batch& seq, index_t c0, index_t c1,
+                std::type_identity_t<matrix_view<const U>> src, matrix_view<U> dst) const {
+      ext->template gather_x<U>(be, seq, c0, c1, src, dst);
     }
-    void scatter(B& be, const sequence_batch& seq, index_t c0, index_t c1, matrix_view<const T> src,
-                 matrix_view<T> dst) const {
-      ext->scatter_x(be, seq, c0, c1, src, dst);
+    template <class U>
+    void scatter(B& be, const sequence_batch& seq, index_t c0, index_t c1,
+                 std::type_identity_t<matrix_view<const U>> src, matrix_view<U> dst) const {
+      ext->template scatter_x<U>(be, seq, c0, c1, src, dst);
     }
   };
   row_map rows_map() const { return row_map{this}; }
@@ -221,10 +227,10 @@ class ring_attention {
   bool ring_active() const { return ring_.has_value(); }
   /// o (n, H*hd) and lse (n, H) of the chunk's rows: the ring's merged rows.
   void ring_rows(B& be, const sequence_batch& seq, index_t c0, index_t c1, matrix_view<T> o,
-                 matrix_view<T> lse) const {
+                 matrix_view<A> lse) const {
     const index_t qw = layer().cfg_.q_width(), h = layer().cfg_.num_attention_heads;
     gather_x(be, seq, c0, c1, matrix_view<const T>(ring_->o.view(local_rows(seq), qw)), o);
-    gather_x(be, seq, c0, c1, matrix_view<const T>(ring_->lse.view(local_rows(seq), h)), lse);
+    gather_x<A>(be, seq, c0, c1, matrix_view<const A>(ring_->lse.view(local_rows(seq), h)), lse);
   }
   /// Keeps the chunk's attention output gradient dout (n, H*hd) for end_backward_shard.
   void keep_attention_grad(B& be, const sequence_batch& seq, index_t c0, index_t c1,
@@ -316,7 +322,7 @@ class ring_attention {
     shard_chunk_ = std::max<index_t>(1, chunk);
     ring_.emplace();
     ring_->o = be.template allocate<T>(rows * qw);   // (B*Tl, H*hd)
-    ring_->lse = be.template allocate<T>(rows * h);  // (B*Tl, H)
+    ring_->lse = be.template allocate<A>(rows * h);  // (B*Tl, H)
     be.fill(ring_->o.view(rows, qw), A(0));
     be.fill(ring_->lse.view(rows, h), -std::numeric_limits<A>::infinity());
     kv_state kv = ring_kv(be, seq, x, travel);
@@ -329,8 +335,8 @@ class ring_attention {
         auto a = self.make_acts(be, seq, x, c0, c1);
         self.project_q(be, seq, a, c0, c1);
         const index_t n = a.n, c = c1 - c0, l0 = local_start(c0, c1);
-        buffer ob = be.template allocate<T>(c * qw);  // (c, H*hd) one piece's output
-        buffer lb = be.template allocate<T>(c * h);   // (c, H)
+        buffer ob = be.template allocate<T>(c * qw);      // (c, H*hd) one piece's output
+        stat_buffer lb = be.template allocate<A>(c * h);  // (c, H)
         for_each_block_piece(
             seq, held, kv, travel, c1,
             [&](index_t b, index_t p0, auto keys, auto vals, index_t, index_t) {
@@ -343,7 +349,7 @@ class ring_attention {
               attention_merge(be, h, hd, ring_->o.view(rows, qw).row_range(o0, o0 + c),
                               ring_->lse.view(rows, h).row_range(o0, o0 + c),
                               matrix_view<const T>(ob.view(c, qw)),
-                              matrix_view<const T>(lb.view(c, h)));
+                              matrix_view<const A>(lb.view(c, h)));
             });
       });
       if (round + 1 < ring.size()) {

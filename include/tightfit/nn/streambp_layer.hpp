@@ -59,26 +59,27 @@ template <StorageBackend B>
 struct layer_acts {
   using T = storage_t<B>;
   using buffer = buffer_t<B>;
+  using stat_buffer = accum_buffer_t<B>;  ///< rstd, lse: accum_t
   index_t c0 = 0, c1 = 0, n = 0;
   buffer x;                 // (n, d) gathered input (empty when the chunk is all of x's rows)
   matrix_view<const T> xv;  // (n, d) view of the input rows
   buffer h1;                // (n, d) N(x; input_layernorm)
-  buffer rstd1;             // (n)
+  stat_buffer rstd1;        // (n)
   buffer q_raw;             // (n, H*hd) before q-norm (only with qk_norm)
-  buffer rstd_q;            // (n*H)
+  stat_buffer rstd_q;       // (n*H)
   buffer q;                 // (n, H*hd) after q-norm and RoPE
   buffer o;                 // (n, H*hd) attention output
-  buffer lse;               // (n, H)
+  stat_buffer lse;          // (n, H)
   buffer ao;                // (n, d) o Wo^T before attn_out_norm (post-norms only)
-  buffer rstd_a;            // (n) (post-norms only)
+  stat_buffer rstd_a;       // (n) (post-norms only)
   buffer x2;                // (n, d) residual after attention
   buffer h2;                // (n, d) N(x2; mlp_norm)
-  buffer rstd2;             // (n)
+  stat_buffer rstd2;        // (n)
   buffer gate;              // (n, f)
   buffer up;                // (n, f)
   buffer act;               // (n, f) act(gate, up)
   buffer m;                 // (n, d) act Wd^T before mlp_out_norm (post-norms only)
-  buffer rstd_m;            // (n) (post-norms only)
+  stat_buffer rstd_m;       // (n) (post-norms only)
   buffer y;                 // (n, d) the chunk's output rows until scattered (post-norms only)
 };
 
@@ -349,7 +350,7 @@ class streambp_layer : public ring_attention<streambp_layer<Layer, B>, B> {
       w_.linear(be, ids_.o_proj, a.o.view(n, qw), a.ao.view(n, d), A(0));
       lora_forward(be, projection::o_proj, a.o.view(n, qw), a.ao.view(n, d));
       a.x2 = be.template allocate<T>(n * d);
-      a.rstd_a = be.template allocate<T>(n);
+      a.rstd_a = be.template allocate<A>(n);
       be.rmsnorm_forward(a.ao.view(n, d), norm(ids_.attn_out_norm), eps, a.x2.view(n, d),
                          a.rstd_a.span());
       be.axpy(A(1), a.xv, a.x2.view(n, d));
@@ -362,12 +363,12 @@ class streambp_layer : public ring_attention<streambp_layer<Layer, B>, B> {
     }
     // MLP input
     a.h2 = be.template allocate<T>(n * d);
-    a.rstd2 = be.template allocate<T>(n);
+    a.rstd2 = be.template allocate<A>(n);
     be.rmsnorm_forward(a.x2.view(n, d), norm(ids_.mlp_norm), eps, a.h2.view(n, d), a.rstd2.span());
     gated_mlp_forward(be, a.h2.view(n, d), a.gate, a.up, a.act);
     if constexpr (Layer::post_norms) {  // y = x2 + N(act Wd^T; mlp_out_norm)
       a.m = be.template allocate<T>(n * d);
-      a.rstd_m = be.template allocate<T>(n);
+      a.rstd_m = be.template allocate<A>(n);
       w_.linear(be, ids_.down_proj, a.act.view(n, f), a.m.view(n, d), A(0));
       lora_forward(be, projection::down_proj, a.act.view(n, f), a.m.view(n, d));
       a.y = be.template allocate<T>(n * d);
@@ -468,7 +469,7 @@ class streambp_layer : public ring_attention<streambp_layer<Layer, B>, B> {
       a.xv = a.x.view(a.n, d);
     }
     a.h1 = be.template allocate<T>(a.n * d);
-    a.rstd1 = be.template allocate<T>(a.n);
+    a.rstd1 = be.template allocate<A>(a.n);
     be.rmsnorm_forward(a.xv, norm(ids_.input_norm), A(cfg_.rms_norm_eps), a.h1.view(a.n, d),
                        a.rstd1.span());
     return a;
@@ -496,7 +497,7 @@ class streambp_layer : public ring_attention<streambp_layer<Layer, B>, B> {
     a.q = be.template allocate<T>(n * qw);
     if (cfg_.qk_norm) {
       a.q_raw = be.template allocate<T>(n * qw);
-      a.rstd_q = be.template allocate<T>(n * h);
+      a.rstd_q = be.template allocate<A>(n * h);
       w_.linear(be, ids_.q_proj, h1, a.q_raw.view(n, qw), A(0));
       if (cfg_.qkv_bias) add_bias(be, ids_.q_bias, a.q_raw.view(n, qw));
       lora_forward(be, projection::q_proj, h1, a.q_raw.view(n, qw));
@@ -513,7 +514,7 @@ class streambp_layer : public ring_attention<streambp_layer<Layer, B>, B> {
                      index_t c1) {
     const index_t n = a.n, qw = cfg_.q_width(), h = cfg_.num_attention_heads;
     a.o = be.template allocate<T>(n * qw);
-    a.lse = be.template allocate<T>(n * h);
+    a.lse = be.template allocate<A>(n * h);
     if (this->ring_active()) {  // over a sequence shard: the ring's merged attention rows
       this->ring_rows(be, seq, c0, c1, a.o.view(n, qw), a.lse.view(n, h));
     } else {  // each sequence's chunk queries against its key prefix [0, c1)
@@ -544,7 +545,7 @@ class streambp_layer : public ring_attention<streambp_layer<Layer, B>, B> {
       detail::attend_backward(be, seq, cfg_, pos_, *kv_, matrix_view<const T>(a.q.view(n, qw)),
                               matrix_view<const T>(a.o.view(n, qw)),
                               matrix_view<const T>(dout.view(n, qw)),
-                              matrix_view<const T>(a.lse.view(n, h)), dq.view(n, qw), c0, c1);
+                              matrix_view<const A>(a.lse.view(n, h)), dq.view(n, qw), c0, c1);
     }
     a.o.reset();
     a.lse.reset();

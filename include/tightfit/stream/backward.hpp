@@ -103,6 +103,10 @@ struct backward_options {
   /// comment. The gradients do not change; device bytes drop, host-tier bytes are reported.
   bool offload_layer_inputs = false;
   std::function<void(const grads_ready&)> on_grads_ready;  ///< optimizers, communicators
+  /// Called after each layer's forward and after each layer's backward; an exception it throws
+  /// ends the call (buffers are released; gradients are partial). The Python module stops a
+  /// call on Ctrl-C this way.
+  std::function<void()> between_layers;
 };
 
 /// A batch of token ids with targets already shifted (see token_layout).
@@ -309,6 +313,7 @@ backward_result run_backward(M& model, const token_batch& batch, const backward_
       inputs.release(l);  // below the lowest layer, or recomputed when needed
     else if (inputs.offload() && l != top_kept)
       inputs.move_to_host(l);
+    if (opt.between_layers) opt.between_layers();
   }
   inputs.settle();
   result.forward_seconds = std::chrono::duration<double>(clock::now() - start).count();
@@ -375,6 +380,7 @@ backward_result run_backward(M& model, const token_batch& batch, const backward_
     inputs.settle();  // the fetched input has arrived
     inputs.release(l);
     if (mode.weight_grads) pass.grads_ready({grads_ready::kind::layer, l});
+    if (opt.between_layers) opt.between_layers();
   }
   if (opt.embedding_grad) {
     if (embedding_multiplier != 1.0) be.scale(accum_t<B>(embedding_multiplier), dy.view(rows, d));

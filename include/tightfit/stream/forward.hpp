@@ -4,6 +4,7 @@
 // only the current layer's input and output (B*T, d) exist; the head streams over row chunks.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "tightfit/stream/backward.hpp"
@@ -15,6 +16,9 @@ struct forward_options {
   index_t chunk = 512;          ///< positions per layer chunk
   index_t head_chunk_rows = 0;  ///< rows per head chunk; 0: default_head_chunk_rows
   double temperature = 1.0;
+  /// Called after each layer; an exception it throws ends the call (backward_options has the
+  /// same hook).
+  std::function<void()> between_layers;
 };
 
 /// Per-token label log-probs (B*T): log softmax(z_t / tau)[target_t], 0 where the target is
@@ -41,6 +45,7 @@ std::vector<double> model_logprobs(M& model, const token_batch& batch,
     model.layer(l).forward(be, seq, matrix_view<const T>(x.view(rows, d)), y.view(rows, d),
                            opt.chunk, false);
     x = std::move(y);
+    if (opt.between_layers) opt.between_layers();
   }
   const auto targets = detail::masked_targets(batch);
   const std::vector<index_t> documents = document_ids(batch.position_ids);  // (B*T) or empty

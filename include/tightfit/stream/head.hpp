@@ -14,10 +14,12 @@
 // Host synchronisation: the label log-probs stay on the backend for the whole pass and come to
 // the host in one download at its end (token_logprobs, the statistics pass of a two-pass
 // objective, and the gradient pass of an objective whose coefficients do not read the
-// log-probs, such as SFT: coefficients_use_logprobs() == false). Only the gradient pass of an
-// objective whose coefficients read them (GRPO, DPO) downloads each chunk's log-probs before
+// log-probs, such as SFT and DPO: coefficients_use_logprobs() == false). Only the gradient pass
+// of an objective whose coefficients read them (GRPO) downloads each chunk's log-probs before
 // its backward. The objective sees the same calls, in the same order, with the same values
 // either way; the (B*T) log-probs held on the backend are counted in the activation peak.
+// The statistics (rstd, lse, log-probs, coefficients) are accum_t<B> buffers (fp32 for a bf16
+// backend).
 #pragma once
 
 #include <algorithm>
@@ -57,22 +59,22 @@ void for_each_chunk(index_t rows, index_t chunk_rows, F&& f) {
   for (index_t r0 = 0; r0 < rows; r0 += chunk_rows) f(r0, std::min(rows, r0 + chunk_rows));
 }
 
-/// The log-probs of `rows` (backend memory) on the host in double: one download.
+/// The log-probs of `rows` (backend memory, accum_t) on the host in double: one download.
 template <class B>
-std::vector<double> download_logprobs(B& be, std::span<const storage_t<B>> lp) {
-  std::vector<storage_t<B>> host(lp.size());
-  be.download(lp, std::span<storage_t<B>>(host));
+std::vector<double> download_logprobs(B& be, std::span<const accum_t<B>> lp) {
+  std::vector<accum_t<B>> host(lp.size());
+  be.download(lp, std::span<accum_t<B>>(host));
   return std::vector<double>(host.begin(), host.end());
 }
 
 /// Runs the head over row chunks: for each chunk, visit(r0, r1, logits (n,V), hf (n,d),
-/// rstd (n), lse (n), lp (n, backend memory)). Logits hold z on entry to visit. lp_rows: the
-/// (B*T) backend buffer that receives every chunk's log-probs (lp is its rows [r0, r1)); empty:
-/// each chunk allocates its own, freed after visit.
+/// rstd (n), lse (n), lp (n, backend memory)); rstd, lse and lp are accum_t. Logits hold z on
+/// entry to visit. lp_rows: the (B*T) backend buffer that receives every chunk's log-probs (lp
+/// is its rows [r0, r1)); empty: each chunk allocates its own, freed after visit.
 template <DecoderModel M, class Visit>
 void head_chunks(M& model, matrix_view<const storage_t<typename M::backend_type>> hidden,
                  const token_layout& layout, const head_options& opt,
-                 std::span<storage_t<typename M::backend_type>> lp_rows, Visit&& visit) {
+                 std::span<accum_t<typename M::backend_type>> lp_rows, Visit&& visit) {
   using B = typename M::backend_type;
   using T = storage_t<B>;
   using A = accum_t<B>;
@@ -95,22 +97,22 @@ void head_chunks(M& model, matrix_view<const storage_t<typename M::backend_type>
   for (index_t r0 = 0; r0 < rows; r0 += opt.chunk_rows) {
     const index_t r1 = std::min(rows, r0 + opt.chunk_rows), n = r1 - r0;
     auto hf = be.template allocate<T>(n * d);  // (n, d)
-    auto rstd = be.template allocate<T>(n);    // (n)
+    auto rstd = be.template allocate<A>(n);    // (n)
     be.rmsnorm_forward(hidden.row_range(r0, r1), g.scale(), A(cfg.rms_norm_eps), hf.view(n, d),
                        rstd.span());
     auto logits = be.template allocate<T>(n * v);  // (n, V)
     be.gemm(transpose::no, transpose::yes, A(1), hf.view(n, d), w, A(0), logits.view(n, v));
     if constexpr (GemmaBackend<B>)
       if (cap > 0) be.logit_softcap_forward(logits.view(n, v), A(cap));
-    auto lse = be.template allocate<T>(n);                                      // (n)
-    auto own = lp_rows.empty() ? be.template allocate<T>(n) : decltype(lse){};  // (n)
-    const std::span<T> lp = lp_rows.empty() ? own.span()
+    auto lse = be.template allocate<A>(n);                                      // (n)
+    auto own = lp_rows.empty() ? be.template allocate<A>(n) : decltype(lse){};  // (n)
+    const std::span<A> lp = lp_rows.empty() ? own.span()
                                             : lp_rows.subspan(static_cast<std::size_t>(r0),
                                                               static_cast<std::size_t>(n));
     const auto targets =
         layout.targets.subspan(static_cast<std::size_t>(r0), static_cast<std::size_t>(n));
     be.xent_forward(logits.view(n, v), targets, A(opt.temperature), lse.span(), lp);
-    visit(r0, r1, logits, hf, rstd, lse, std::span<const T>(lp));
+    visit(r0, r1, logits, hf, rstd, lse, std::span<const A>(lp));
   }
 }
 
@@ -123,12 +125,12 @@ std::vector<double> token_logprobs(M& model,
                                    matrix_view<const storage_t<typename M::backend_type>> hidden,
                                    const token_layout& layout, const head_options& opt) {
   using B = typename M::backend_type;
-  using T = storage_t<B>;
+  using A = accum_t<B>;
   B& be = model.backend();
-  auto lp = be.template allocate<T>(layout.rows());  // (B*T) log-probs, one download
+  auto lp = be.template allocate<A>(layout.rows());  // (B*T) log-probs, one download
   detail::head_chunks(model, hidden, layout, opt, lp.span(),
                       [](index_t, index_t, auto&, auto&, auto&, auto&, auto) {});
-  return detail::download_logprobs(be, std::span<const T>(lp.span()));
+  return detail::download_logprobs(be, std::span<const A>(lp.span()));
 }
 
 /// The head's gradient pass (after the objective's statistics pass when it has one).
@@ -153,10 +155,10 @@ double lm_head_backward(M& model, matrix_view<const storage_t<typename M::backen
     const auto start = std::chrono::steady_clock::now();
     std::vector<double> lpd;
     {
-      auto lp = be.template allocate<T>(layout.rows());  // (B*T) log-probs, one download
+      auto lp = be.template allocate<A>(layout.rows());  // (B*T) log-probs, one download
       detail::head_chunks(model, hidden, layout, opt, lp.span(),
                           [](index_t, index_t, auto&, auto&, auto&, auto&, auto) {});
-      lpd = detail::download_logprobs(be, std::span<const T>(lp.span()));
+      lpd = detail::download_logprobs(be, std::span<const A>(lp.span()));
     }
     detail::for_each_chunk(layout.rows(), opt.chunk_rows, [&](index_t r0, index_t r1) {
       objective.statistics(layout, r0,
@@ -178,10 +180,10 @@ double lm_head_backward(M& model, matrix_view<const storage_t<typename M::backen
   const double cap = cfg.final_logit_softcapping;
   // deferred: coefficients from the layout now, the loss parts once the log-probs are here
   constexpr bool deferred = detail::logprob_free_coefficients<O>();
-  decltype(be.template allocate<T>(0)) lp_rows;  // (B*T) when deferred
-  if constexpr (deferred) lp_rows = be.template allocate<T>(layout.rows());
+  accum_buffer_t<B> lp_rows;  // (B*T) when deferred
+  if constexpr (deferred) lp_rows = be.template allocate<A>(layout.rows());
   std::vector<double> coeff, no_lp;
-  std::vector<T> coeff_t;
+  std::vector<A> coeff_t;
   double sum = 0;
   detail::head_chunks(
       model, hidden, layout, opt, lp_rows.span(),
@@ -199,8 +201,8 @@ double lm_head_backward(M& model, matrix_view<const storage_t<typename M::backen
         }
         if (!need_dh && !weight_grads) return;
         coeff_t.assign(coeff.begin(), coeff.end());
-        auto coeff_dev = be.template allocate<T>(n);
-        be.upload(std::span<const T>(coeff_t), coeff_dev.span());
+        auto coeff_dev = be.template allocate<A>(n);  // (n)
+        be.upload(std::span<const A>(coeff_t), coeff_dev.span());
         const auto targets =
             layout.targets.subspan(static_cast<std::size_t>(r0), static_cast<std::size_t>(n));
         std::remove_reference_t<decltype(logits)>
@@ -209,8 +211,8 @@ double lm_head_backward(M& model, matrix_view<const storage_t<typename M::backen
           capped = be.template allocate<T>(n * v);
           be.copy(logits.view(n, v), capped.view(n, v));
         }
-        be.xent_backward(logits.view(n, v), targets, std::span<const T>(lse.span()),
-                         std::span<const T>(coeff_dev.span()), A(opt.temperature));
+        be.xent_backward(logits.view(n, v), targets, std::span<const A>(lse.span()),
+                         std::span<const A>(coeff_dev.span()), A(opt.temperature));
         if constexpr (GemmaBackend<B>)
           if (cap > 0) {
             be.logit_softcap_backward(capped.view(n, v), logits.view(n, v), A(cap));
@@ -224,12 +226,12 @@ double lm_head_backward(M& model, matrix_view<const storage_t<typename M::backen
         logits.reset();
         auto scratch = need_dh ? decltype(dhf){} : be.template allocate<T>(n * d);
         auto dx = need_dh ? dhidden.row_range(r0, r1) : scratch.view(n, d);
-        be.rmsnorm_backward(hidden.row_range(r0, r1), g.scale(), std::span<const T>(rstd.span()),
+        be.rmsnorm_backward(hidden.row_range(r0, r1), g.scale(), std::span<const A>(rstd.span()),
                             dhf.view(n, d), dx,
                             weight_grads ? params.grad(model.final_norm_id()) : std::span<T>{});
       });
   if constexpr (deferred) {
-    const auto lpd = detail::download_logprobs(be, std::span<const T>(lp_rows.span()));
+    const auto lpd = detail::download_logprobs(be, std::span<const A>(lp_rows.span()));
     lp_rows.reset();
     detail::for_each_chunk(layout.rows(), opt.chunk_rows, [&](index_t r0, index_t r1) {
       const auto n = static_cast<std::size_t>(r1 - r0);

@@ -52,11 +52,11 @@ __device__ __forceinline__ float attn_score(const attn_args& a, float qk) {
 }
 
 /// The last key position p sees.
-__device__ __forceinline__ index_t attn_last(const attn_args& a, index_t p) {
+__host__ __device__ __forceinline__ index_t attn_last(const attn_args& a, index_t p) {
   return p < a.kmax - 1 ? p : a.kmax - 1;
 }
 /// The first key position p sees (at most attn_last: a padded row keeps one key).
-__device__ __forceinline__ index_t attn_first(const attn_args& a, index_t p) {
+__host__ __device__ __forceinline__ index_t attn_first(const attn_args& a, index_t p) {
   index_t f = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
   if (a.doc != nullptr && a.doc[p] > f) f = a.doc[p];
   const index_t last = attn_last(a, p);
@@ -64,7 +64,7 @@ __device__ __forceinline__ index_t attn_first(const attn_args& a, index_t p) {
 }
 
 /// Whether query row i sees K/V row j (local; position k0 + j).
-__device__ __forceinline__ bool attn_visible(const attn_args& a, index_t i, index_t j) {
+__host__ __device__ __forceinline__ bool attn_visible(const attn_args& a, index_t i, index_t j) {
   if (i >= a.nq || j >= a.nk) return false;
   const index_t p = a.q0 + i, pos = a.k0 + j;
   return pos <= attn_last(a, p) && pos >= attn_first(a, p);
@@ -75,11 +75,11 @@ __host__ __device__ __forceinline__ index_t attn_local_keys(const attn_args& a) 
   return e < 0 ? 0 : (e < a.nk ? e : a.nk);
 }
 /// The local K/V rows [begin, end) a query tile [i0, ilast] may see (end <= begin: none).
-__device__ __forceinline__ index_t attn_local_begin(const attn_args& a, index_t i0) {
+__host__ __device__ __forceinline__ index_t attn_local_begin(const attn_args& a, index_t i0) {
   const index_t f = attn_first(a, a.q0 + i0) - a.k0;
   return f > 0 ? f : 0;
 }
-__device__ __forceinline__ index_t attn_local_end(const attn_args& a, index_t ilast) {
+__host__ __device__ __forceinline__ index_t attn_local_end(const attn_args& a, index_t ilast) {
   const index_t e = (a.q0 + ilast + 1 < a.kmax ? a.q0 + ilast + 1 : a.kmax) - a.k0;
   return e < a.nk ? e : a.nk;
 }
@@ -359,10 +359,11 @@ __global__ void __launch_bounds__(attn_threads)
   }
 }
 
-/// merge_attention_blocks (backend/concept.hpp) on the device: one thread per (row, head).
-template <class S>
-__global__ void attn_merge_kernel(index_t n, index_t heads, index_t hd, S* o, index_t os, S* lse,
-                                  index_t ls, const S* ob, index_t obs, const S* lb, index_t lbs) {
+/// merge_attention_blocks (backend/concept.hpp) on the device: one thread per (row, head); lse
+/// of type L (S or float).
+template <class S, class L>
+__global__ void attn_merge_kernel(index_t n, index_t heads, index_t hd, S* o, index_t os, L* lse,
+                                  index_t ls, const S* ob, index_t obs, const L* lb, index_t lbs) {
   const index_t e = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= n * heads) return;
   const index_t i = e / heads, h = e % heads;
@@ -377,7 +378,7 @@ __global__ void attn_merge_kernel(index_t n, index_t heads, index_t hd, S* o, in
   }
   const float m = fmaxf(l, b), ea = expf(l - m), eb = expf(b - m), sum = ea + eb;
   for (index_t c = 0; c < hd; ++c) oi[c] = cvt<S>((ea * ld(oi + c) + eb * ld(bi + c)) / sum);
-  lse[i * ls + h] = cvt<S>(m + logf(sum));
+  lse[i * ls + h] = cvt<L>(m + logf(sum));
 }
 
 /// Shared-memory bytes of each kernel for head_dim hd.

@@ -124,10 +124,11 @@ __global__ void embedding_backward_kernel(const S* dout, index_t ds, const std::
 
 // ---- RMSNorm ----------------------------------------------------------------------------------
 
-/// One block per row: rstd = 1/sqrt(mean(x^2) + eps), y = x * rstd * w.
-template <class S>
+/// One block per row: rstd = 1/sqrt(mean(x^2) + eps), y = x * rstd * w. rstd of type R (S, or
+/// float: fp32 statistics of bf16 storage).
+template <class S, class R = S>
 __global__ void rmsnorm_forward_kernel(const S* x, index_t xs, const S* w, float eps, S* y,
-                                       index_t ys, S* rstd, index_t d) {
+                                       index_t ys, R* rstd, index_t d) {
   __shared__ float red[32];
   const index_t i = blockIdx.x;
   const S* xr = x + i * xs;
@@ -138,14 +139,14 @@ __global__ void rmsnorm_forward_kernel(const S* x, index_t xs, const S* w, float
   }
   ss = block_sum(ss, red);
   const float r = rsqrtf(ss / static_cast<float>(d) + eps);
-  if (threadIdx.x == 0) rstd[i] = cvt<S>(r);
+  if (threadIdx.x == 0) rstd[i] = cvt<R>(r);
   for (index_t j = threadIdx.x; j < d; j += blockDim.x)
     y[i * ys + j] = cvt<S>(ld(xr + j) * r * ld(w + j));
 }
 
 /// One block per row: dx += rstd (dy w - x rstd^2 (sum_k dy_k w_k x_k) / d).
-template <class S>
-__global__ void rmsnorm_backward_dx_kernel(const S* x, index_t xs, const S* w, const S* rstd,
+template <class S, class R = S>
+__global__ void rmsnorm_backward_dx_kernel(const S* x, index_t xs, const S* w, const R* rstd,
                                            const S* dy, index_t dys, S* dx, index_t dxs,
                                            index_t d) {
   __shared__ float red[32];
@@ -165,8 +166,8 @@ __global__ void rmsnorm_backward_dx_kernel(const S* x, index_t xs, const S* w, c
 
 /// Partial dw over a chunk of rows: partial[chunk, j] = sum_{i in chunk} dy_ij x_ij rstd_i.
 /// Grid (ceil(d / blockDim), chunks).
-template <class S>
-__global__ void rmsnorm_dw_partial_kernel(const S* x, index_t xs, const S* rstd, const S* dy,
+template <class S, class R = S>
+__global__ void rmsnorm_dw_partial_kernel(const S* x, index_t xs, const R* rstd, const S* dy,
                                           index_t dys, float* partial, index_t n, index_t d,
                                           index_t rows_per_chunk) {
   const index_t j = blockIdx.x * static_cast<index_t>(blockDim.x) + threadIdx.x;
@@ -305,10 +306,11 @@ __global__ void logit_softcap_kernel(const S* capped, index_t cs, S* x, index_t 
 
 // ---- softmax cross-entropy --------------------------------------------------------------------
 
-/// One block per row: lse = log sum exp(logits / tau), logprob = z[label] - lse (0 if ignored).
-template <class S>
+/// One block per row: lse = log sum exp(logits / tau), logprob = z[label] - lse (0 if ignored);
+/// lse and logprob of type R (S, or float).
+template <class S, class R = S>
 __global__ void xent_forward_kernel(const S* logits, index_t ls, const std::int64_t* labels,
-                                    float tau, S* lse, S* logprob, index_t vocab) {
+                                    float tau, R* lse, R* logprob, index_t vocab) {
   __shared__ float red[32];
   const index_t i = blockIdx.x;
   const S* row = logits + i * ls;
@@ -321,16 +323,16 @@ __global__ void xent_forward_kernel(const S* logits, index_t ls, const std::int6
   sum = block_sum(sum, red);
   if (threadIdx.x == 0) {
     const float l = mx + logf(sum);
-    lse[i] = cvt<S>(l);
+    lse[i] = cvt<R>(l);
     const std::int64_t y = labels[i];
-    logprob[i] = cvt<S>(y == ignore_index ? 0.f : ld(row + y) * inv - l);
+    logprob[i] = cvt<R>(y == ignore_index ? 0.f : ld(row + y) * inv - l);
   }
 }
 
 /// In place: logits row <- coeff/tau (onehot(label) - softmax(logits / tau)); ignored rows -> 0.
-template <class S>
+template <class S, class R = S>
 __global__ void xent_backward_kernel(S* logits, index_t ls, const std::int64_t* labels,
-                                     const S* lse, const S* coeff, float tau, index_t vocab) {
+                                     const R* lse, const R* coeff, float tau, index_t vocab) {
   const index_t i = blockIdx.x;
   S* row = logits + i * ls;
   const std::int64_t y = labels[i];

@@ -97,6 +97,7 @@ class cuda_context {
     cuda_check(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
     max_shared_ = static_cast<std::size_t>(prop.sharedMemPerBlockOptin);
     sm_count_ = prop.multiProcessorCount;
+    cc_major_ = prop.major;
   }
   bool started() const { return stream_ != nullptr; }
   int device() const { return device_; }
@@ -105,6 +106,8 @@ class cuda_context {
   /// Largest dynamic shared memory a kernel may opt in to (bytes).
   std::size_t max_shared() const { return max_shared_; }
   int sm_count() const { return sm_count_; }
+  /// The device's compute capability major version (8: A100, 9: H100 / H200).
+  int cc_major() const { return cc_major_; }
   /// Waits for every operation queued on the stream; throws a pending kernel error.
   void synchronize() {
     if (stream_ == nullptr) return;
@@ -134,6 +137,7 @@ class cuda_context {
   cublasHandle_t blas_ = nullptr;
   std::size_t max_shared_ = 0;
   int sm_count_ = 0;
+  int cc_major_ = 0;
 };
 
 /// Device memory allocated stream-ordered (cudaMallocAsync, zeroed by cudaMemsetAsync) on one

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -167,15 +168,15 @@ class layer_positions {
 /// rows with the same three members.
 struct batch_rows {
   index_t rows(const sequence_batch& seq) const { return seq.rows(); }
-  template <DenseBackend B>
+  template <DenseBackend B, class U>
   void gather(B& be, const sequence_batch& seq, index_t c0, index_t c1,
-              matrix_view<const storage_t<B>> src, matrix_view<storage_t<B>> dst) const {
-    gather_rows(be, seq, c0, c1, src, dst);
+              std::type_identity_t<matrix_view<const U>> src, matrix_view<U> dst) const {
+    gather_rows<B, U>(be, seq, c0, c1, src, dst);
   }
-  template <DenseBackend B>
+  template <DenseBackend B, class U>
   void scatter(B& be, const sequence_batch& seq, index_t c0, index_t c1,
-               matrix_view<const storage_t<B>> src, matrix_view<storage_t<B>> dst) const {
-    scatter_rows(be, seq, c0, c1, src, dst);
+               std::type_identity_t<matrix_view<const U>> src, matrix_view<U> dst) const {
+    scatter_rows<B, U>(be, seq, c0, c1, src, dst);
   }
 };
 
@@ -190,19 +191,19 @@ auto first_rows(const Buffer& b, index_t rows, index_t cols) {
 template <StorageBackend B>
 struct kv_rows {
   using buffer = buffer_t<B>;
-  buffer k_raw;   // (B*T, Hkv*hd) k before k-norm (only with qk_norm)
-  buffer rstd_k;  // (B*T*Hkv) k-norm rstd (only with qk_norm)
-  buffer k;       // (B*T, Hkv*hd) after k-norm and RoPE
-  buffer v;       // (B*T, Hkv*hd)
-  buffer dk;      // (B*T, Hkv*hd) accumulator, w.r.t. k
-  buffer dv;      // (B*T, Hkv*hd) accumulator
+  buffer k_raw;              // (B*T, Hkv*hd) k before k-norm (only with qk_norm)
+  accum_buffer_t<B> rstd_k;  // (B*T*Hkv) k-norm rstd, accum_t (only with qk_norm)
+  buffer k;                  // (B*T, Hkv*hd) after k-norm and RoPE
+  buffer v;                  // (B*T, Hkv*hd)
+  buffer dk;                 // (B*T, Hkv*hd) accumulator, w.r.t. k
+  buffer dv;                 // (B*T, Hkv*hd) accumulator
 
   kv_rows() = default;
   kv_rows(B& be, const model_config& c, index_t rows) {
     using T = storage_t<B>;
     if (c.qk_norm) {
       k_raw = be.template allocate<T>(rows * c.kv_width());
-      rstd_k = be.template allocate<T>(rows * c.num_key_value_heads);
+      rstd_k = be.template allocate<accum_t<B>>(rows * c.num_key_value_heads);
     }
     k = be.template allocate<T>(rows * c.kv_width());
     v = be.template allocate<T>(rows * c.kv_width());
@@ -230,12 +231,12 @@ void store_kv(B& be, const sequence_batch& seq, const model_config& c, const lay
     if (!kv.k_raw.empty())
       map.scatter(be, seq, c0, c1, matrix_view<const T>(k_c.view(n, kvw)),
                   kv.k_raw.view(rows, kvw));
-    buffer_t<B> kn = be.template allocate<T>(n * kvw);  // (n*Hkv, hd)
-    buffer_t<B> rstd = be.template allocate<T>(n * hkv);
+    buffer_t<B> kn = be.template allocate<T>(n * kvw);          // (n*Hkv, hd)
+    accum_buffer_t<B> rstd = be.template allocate<A>(n * hkv);  // (n*Hkv)
     be.rmsnorm_forward(k_c.view(n * hkv, hd), k_norm, A(c.rms_norm_eps), kn.view(n * hkv, hd),
                        rstd.span());
     if (!kv.rstd_k.empty())
-      map.scatter(be, seq, c0, c1, matrix_view<const T>(rstd.view(n, hkv)),
+      map.scatter(be, seq, c0, c1, matrix_view<const A>(rstd.view(n, hkv)),
                   kv.rstd_k.view(rows, hkv));
     k_c = std::move(kn);
   }
@@ -248,8 +249,8 @@ void store_kv(B& be, const sequence_batch& seq, const model_config& c, const lay
 /// projection is in q already. Then RoPE on q.
 template <TransformerBackend B>
 void finish_q(B& be, const sequence_batch& seq, const model_config& c, const layer_positions& pos,
-              std::span<const storage_t<B>> q_norm, const buffer_t<B>& q_raw, buffer_t<B>& rstd_q,
-              buffer_t<B>& q, index_t c0, index_t c1) {
+              std::span<const storage_t<B>> q_norm, const buffer_t<B>& q_raw,
+              accum_buffer_t<B>& rstd_q, buffer_t<B>& q, index_t c0, index_t c1) {
   const index_t n = (c1 - c0) * seq.batch, h = c.num_attention_heads, hd = c.head_dim;
   if (c.qk_norm)
     be.rmsnorm_forward(q_raw.view(n * h, hd), q_norm, accum_t<B>(c.rms_norm_eps), q.view(n * h, hd),
@@ -263,7 +264,7 @@ template <TransformerBackend B>
 void attend_forward(B& be, const sequence_batch& seq, const model_config& c,
                     const layer_positions& pos, const kv_rows<B>& kv,
                     matrix_view<const storage_t<B>> q, matrix_view<storage_t<B>> o,
-                    matrix_view<storage_t<B>> lse, index_t c0, index_t c1) {
+                    matrix_view<accum_t<B>> lse, index_t c0, index_t c1) {
   const index_t ch = c1 - c0, t = seq.seq_len, kvw = c.kv_width(), rows = seq.rows();
   const attention_shape shape{c.num_attention_heads, c.num_key_value_heads, c.head_dim};
   const auto scale = static_cast<accum_t<B>>(c.attention_scale());
@@ -282,7 +283,7 @@ template <TransformerBackend B>
 void attend_backward(B& be, const sequence_batch& seq, const model_config& c,
                      const layer_positions& pos, const kv_rows<B>& kv,
                      matrix_view<const storage_t<B>> q, matrix_view<const storage_t<B>> o,
-                     matrix_view<const storage_t<B>> d_o, matrix_view<const storage_t<B>> lse,
+                     matrix_view<const storage_t<B>> d_o, matrix_view<const accum_t<B>> lse,
                      matrix_view<storage_t<B>> dq, index_t c0, index_t c1) {
   const index_t ch = c1 - c0, t = seq.seq_len, kvw = c.kv_width(), rows = seq.rows();
   const attention_shape shape{c.num_attention_heads, c.num_key_value_heads, c.head_dim};
@@ -305,8 +306,8 @@ void attend_backward(B& be, const sequence_batch& seq, const model_config& c,
 template <TransformerBackend B>
 void unfinish_q(B& be, const sequence_batch& seq, const model_config& c, const layer_positions& pos,
                 std::span<const storage_t<B>> q_norm, std::span<storage_t<B>> q_norm_grad,
-                const buffer_t<B>& q_raw, const buffer_t<B>& rstd_q, buffer_t<B>& dq, index_t c0,
-                index_t c1) {
+                const buffer_t<B>& q_raw, const accum_buffer_t<B>& rstd_q, buffer_t<B>& dq,
+                index_t c0, index_t c1) {
   const index_t n = (c1 - c0) * seq.batch, h = c.num_attention_heads, hd = c.head_dim;
   pos.rope_rows(be, seq, dq.view(n, c.q_width()), h, hd, c0, c1, true);
   if (!c.qk_norm) return;
@@ -335,10 +336,11 @@ std::pair<buffer_t<B>, buffer_t<B>> kv_grad_rows(B& be, const sequence_batch& se
   map.gather(be, seq, c0, c1, matrix_view<const T>(first_rows(kv.dv, rows, kvw)), dv.view(n, kvw));
   pos.rope_rows(be, seq, dk.view(n, kvw), hkv, hd, c0, c1, true);
   if (c.qk_norm) {
-    buffer_t<B> k_raw = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
-    buffer_t<B> rstd = be.template allocate<T>(n * hkv);   // (n, Hkv)
+    buffer_t<B> k_raw = be.template allocate<T>(n * kvw);                // (n, Hkv*hd)
+    accum_buffer_t<B> rstd = be.template allocate<accum_t<B>>(n * hkv);  // (n, Hkv)
     map.gather(be, seq, c0, c1, matrix_view<const T>(kv.k_raw.view(rows, kvw)), k_raw.view(n, kvw));
-    map.gather(be, seq, c0, c1, matrix_view<const T>(kv.rstd_k.view(rows, hkv)), rstd.view(n, hkv));
+    map.gather(be, seq, c0, c1, matrix_view<const accum_t<B>>(kv.rstd_k.view(rows, hkv)),
+               rstd.view(n, hkv));
     buffer_t<B> dk_raw = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
     be.rmsnorm_backward(k_raw.view(n * hkv, hd), k_norm, rstd.span(), dk.view(n * hkv, hd),
                         dk_raw.view(n * hkv, hd), k_norm_grad);
