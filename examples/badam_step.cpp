@@ -9,6 +9,7 @@
 
 #include "tightfit/backend/reference.hpp"
 #include "tightfit/loss/sft.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/optim/optim.hpp"
 
 using backend = tightfit::reference_backend<float>;
@@ -23,7 +24,7 @@ int main() {
   cfg.num_key_value_heads = 2;
   cfg.head_dim = 8;
   backend be;
-  tightfit::decoder_model<backend> model(be, cfg);
+  tightfit::llama_model<backend> model(be, cfg);
   model.init_random(3, 0.05);
 
   // One block per decoder layer (embedding and head frozen), a fresh random order per pass,
@@ -33,7 +34,8 @@ int main() {
   adam.lr = 3e-3;
   tightfit::block_options options;
   options.switch_every = 3;
-  tightfit::block_optimizer<backend> badam(model, blocks, adam, {}, {}, options);
+  tightfit::block_optimizer<tightfit::llama_model<backend>> badam(model, blocks, adam, {}, {},
+                                                                  options);
 
   const tightfit::index_t batch = 2, seq = 24;
   std::vector<tightfit::token_id> ids;

@@ -8,6 +8,7 @@
 
 #include "tightfit/backend/reference.hpp"
 #include "tightfit/loss/sft.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/stream/backward.hpp"
 
 // A backend whose gemm goes to your BLAS; every other kernel comes from the reference loops.
@@ -39,7 +40,7 @@ int main() {
   cfg.head_dim = 8;
 
   my_blas_backend be;
-  tightfit::decoder_model<my_blas_backend> model(be, cfg);
+  tightfit::llama_model<my_blas_backend> model(be, cfg);
   model.init_random(1);
   const tightfit::index_t batch = 1, seq = 16;
   std::vector<tightfit::token_id> ids, labels;

@@ -12,6 +12,7 @@
 #include "parallel_layer.hpp"
 #include "tightfit/backend/reference.hpp"
 #include "tightfit/loss/sft.hpp"
+#include "tightfit/nn/model.hpp"
 #include "tightfit/stream/backward.hpp"
 
 using backend = tightfit::reference_backend<double>;

@@ -8,6 +8,10 @@
 // last chunk first, recomputes its rows' activations, backpropagates them, and — its dK/dV rows
 // being complete once every later chunk is done — their projections. This layer always
 // recomputes (under `full` it keeps nothing, so full behaves as checkpoint for it).
+// It takes LoRA adapters on its seven projections (set_lora, tightfit::LoraLayer: the
+// lora_forward / lora_backward of tightfit/nn/adapters.hpp after each projection), and a
+// parameter without a gradient buffer is frozen (its weight-gradient GEMM does not run), so
+// every optimizer of tightfit/optim trains it: Adam, BAdam, BREAD, LoRA.
 #pragma once
 
 #include <algorithm>
@@ -15,6 +19,7 @@
 #include <span>
 #include <vector>
 
+#include "tightfit/nn/adapters.hpp"
 #include "tightfit/nn/layer.hpp"
 
 template <tightfit::TransformerBackend B>
@@ -45,6 +50,9 @@ class parallel_layer {
       id_.push_back(p.at(tightfit::hf_names::layer_prefix(l) + row.name));
   }
 
+  /// Binds LoRA adapters to the projections (an empty binding removes them).
+  void set_lora(const tightfit::lora_binding<B>& binding) { lora_ = binding; }
+
   void forward(B& be, const seq_t& s, cview x, mview y, index_t chunk, bool /*keep*/) {
     tightfit::check(s.position_ids.empty(), "parallel_layer: packed sequences are not supported");
     begin(be, s, x, chunk, false);
@@ -54,7 +62,9 @@ class parallel_layer {
       auto out = alloc(be, a.n, c_.hidden_size);  // (n, d) = x + o Wo^T + act Wd^T
       be.copy(a.x.view(a.n, c_.hidden_size), out.view(a.n, c_.hidden_size));
       be.gemm(no, yes, A(1), a.o.view(a.n, qw()), w(wo, c_.hidden_size, qw()), A(1), v(out, a.n));
+      lora_forward(be, lora_, proj::o_proj, a.o.view(a.n, qw()), v(out, a.n));
       be.gemm(no, yes, A(1), a.act.view(a.n, f()), w(wd, c_.hidden_size, f()), A(1), v(out, a.n));
+      lora_forward(be, lora_, proj::down_proj, a.act.view(a.n, f()), v(out, a.n));
       tightfit::scatter_rows(be, s, c0, c1, cview(v(out, a.n)), y);
     }
     end_backward(be);
@@ -73,13 +83,20 @@ class parallel_layer {
     // MLP branch
     auto dact = alloc(be, n, f()), dgate = alloc(be, n, f()), dup = alloc(be, n, f());
     be.gemm(no, no, A(1), cview(v(dyc, n)), w(wd, d, f()), A(0), dact.view(n, f()));
+    lora_backward(be, lora_, proj::down_proj, a.act.view(n, f()), cview(v(dyc, n)),
+                  dact.view(n, f()), wg);
     be.swiglu_backward(a.gate.view(n, f()), a.up.view(n, f()), dact.view(n, f()),
                        dgate.view(n, f()), dup.view(n, f()));
     be.gemm(no, no, A(1), dgate.view(n, f()), w(wg_, f(), d), A(0), v(dh, n));
     be.gemm(no, no, A(1), dup.view(n, f()), w(wu, f(), d), A(1), v(dh, n));
+    const cview h = a.h.view(n, d);
+    lora_backward(be, lora_, proj::gate_proj, h, dgate.view(n, f()), v(dh, n), wg);
+    lora_backward(be, lora_, proj::up_proj, h, dup.view(n, f()), v(dh, n), wg);
     // attention branch: dq, and dK/dV rows accumulated for every key this chunk saw
     auto dout = alloc(be, n, qw()), dq = alloc(be, n, qw());
     be.gemm(no, no, A(1), cview(v(dyc, n)), w(wo, d, qw()), A(0), dout.view(n, qw()));
+    lora_backward(be, lora_, proj::o_proj, a.o.view(n, qw()), cview(v(dyc, n)), dout.view(n, qw()),
+                  wg);
     for (index_t b = 0; b < s.batch; ++b) {
       const index_t r0 = b * c, r1 = r0 + c, k0 = b * t, k1 = k0 + c1;
       be.attention_backward(
@@ -94,24 +111,27 @@ class parallel_layer {
     tightfit::gather_rows(be, s, c0, c1, cview(dk_.view(rows, kvw())), dkc.view(n, kvw()));
     tightfit::gather_rows(be, s, c0, c1, cview(dv_.view(rows, kvw())), dvc.view(n, kvw()));
     rope(be, s, dkc.view(n, kvw()), c_.num_key_value_heads, c0, c1, true);
-    const cview h = a.h.view(n, d);
     struct {
       int id;
+      proj p;
       buffer& g;
       index_t cols;
-    } into_h[] = {{wq, dq, qw()}, {wk, dkc, kvw()}, {wv, dvc, kvw()}};
-    for (auto& [id, g, cols] : into_h) {
+    } into_h[] = {{wq, proj::q_proj, dq, qw()},
+                  {wk, proj::k_proj, dkc, kvw()},
+                  {wv, proj::v_proj, dvc, kvw()}};
+    for (auto& [id, p, g, cols] : into_h) {
       be.gemm(no, no, A(1), g.view(n, cols), w(id, cols, d), A(1), v(dh, n));
-      if (wg) be.gemm(yes, no, A(1), g.view(n, cols), h, A(1), grad(id, cols, d));
+      lora_backward(be, lora_, p, h, g.view(n, cols), v(dh, n), wg);
+      if (wants(id, wg)) be.gemm(yes, no, A(1), g.view(n, cols), h, A(1), grad(id, cols, d));
     }
-    if (wg) {
+    if (wants(wo, wg))
       be.gemm(yes, no, A(1), cview(v(dyc, n)), a.o.view(n, qw()), A(1), grad(wo, d, qw()));
+    if (wants(wd, wg))
       be.gemm(yes, no, A(1), cview(v(dyc, n)), a.act.view(n, f()), A(1), grad(wd, d, f()));
-      be.gemm(yes, no, A(1), dgate.view(n, f()), h, A(1), grad(wg_, f(), d));
-      be.gemm(yes, no, A(1), dup.view(n, f()), h, A(1), grad(wu, f(), d));
-    }
+    if (wants(wg_, wg)) be.gemm(yes, no, A(1), dgate.view(n, f()), h, A(1), grad(wg_, f(), d));
+    if (wants(wu, wg)) be.gemm(yes, no, A(1), dup.view(n, f()), h, A(1), grad(wu, f(), d));
     be.rmsnorm_backward(a.x.view(n, d), p_->value(id_[norm]), a.rstd.span(), v(dh, n), v(dxc, n),
-                        wg ? p_->grad(id_[norm]) : std::span<T>{});
+                        wants(norm, wg) ? p_->grad(id_[norm]) : std::span<T>{});
     if (mode.input_grad) tightfit::scatter_rows(be, s, c0, c1, cview(v(dxc, n)), dx);
   }
   void end_backward(B&) {
@@ -120,6 +140,7 @@ class parallel_layer {
 
  private:
   using buffer = tightfit::buffer_t<B>;
+  using proj = tightfit::projection;
   static constexpr auto no = tightfit::transpose::no, yes = tightfit::transpose::yes;
   enum { norm, wq, wk, wv, wo, wg_, wu, wd };
   struct acts {  // one chunk's rows, n = B * (c1 - c0), gathered
@@ -139,6 +160,8 @@ class parallel_layer {
   cview w(int i, index_t r, index_t cols) const {
     return tightfit::as_matrix(std::span<const T>(p_->value(id_[i])), r, cols);
   }
+  /// Whether parameter i's gradient is accumulated (one without a gradient buffer is frozen).
+  bool wants(int i, bool wg) const { return wg && p_->has_grad(id_[i]); }
   mview grad(int i, index_t r, index_t cols) const {
     return tightfit::as_matrix(p_->grad(id_[i]), r, cols);
   }
@@ -178,6 +201,8 @@ class parallel_layer {
     auto kc = alloc(be, a.n, kvw()), vc = alloc(be, a.n, kvw());
     be.gemm(no, yes, A(1), a.h.view(a.n, d), w(wk, kvw(), d), A(0), kc.view(a.n, kvw()));
     be.gemm(no, yes, A(1), a.h.view(a.n, d), w(wv, kvw(), d), A(0), vc.view(a.n, kvw()));
+    lora_forward(be, lora_, proj::k_proj, a.h.view(a.n, d), kc.view(a.n, kvw()));
+    lora_forward(be, lora_, proj::v_proj, a.h.view(a.n, d), vc.view(a.n, kvw()));
     rope(be, s, kc.view(a.n, kvw()), c_.num_key_value_heads, c0, c1, false);
     tightfit::scatter_rows(be, s, c0, c1, kc.view(a.n, kvw()), k_.view(s.rows(), kvw()));
     tightfit::scatter_rows(be, s, c0, c1, vc.view(a.n, kvw()), v_.view(s.rows(), kvw()));
@@ -190,6 +215,7 @@ class parallel_layer {
     a.q = alloc(be, n, qw()), a.o = alloc(be, n, qw()), a.lse = alloc(be, n, hn);
     a.gate = alloc(be, n, f()), a.up = alloc(be, n, f()), a.act = alloc(be, n, f());
     be.gemm(no, yes, A(1), a.h.view(n, d), w(wq, qw(), d), A(0), a.q.view(n, qw()));
+    lora_forward(be, lora_, proj::q_proj, a.h.view(n, d), a.q.view(n, qw()));
     rope(be, s, a.q.view(n, qw()), hn, c0, c1, false);
     for (index_t b = 0; b < s.batch; ++b)
       be.attention_forward(shape(), a.q.view(n, qw()).row_range(b * c, (b + 1) * c),
@@ -200,12 +226,15 @@ class parallel_layer {
                            a.lse.view(n, hn).row_range(b * c, (b + 1) * c));
     be.gemm(no, yes, A(1), a.h.view(n, d), w(wg_, f(), d), A(0), a.gate.view(n, f()));
     be.gemm(no, yes, A(1), a.h.view(n, d), w(wu, f(), d), A(0), a.up.view(n, f()));
+    lora_forward(be, lora_, proj::gate_proj, a.h.view(n, d), a.gate.view(n, f()));
+    lora_forward(be, lora_, proj::up_proj, a.h.view(n, d), a.up.view(n, f()));
     be.swiglu_forward(a.gate.view(n, f()), a.up.view(n, f()), a.act.view(n, f()));
     return a;
   }
 
   tightfit::parameter_set<B>* p_;
   tightfit::model_config c_;
-  std::vector<std::size_t> id_;  // positions of the parameter table's rows
-  buffer k_, v_, dk_, dv_;       // (B*T, Hkv*hd) each
+  std::vector<std::size_t> id_;       // positions of the parameter table's rows
+  buffer k_, v_, dk_, dv_;            // (B*T, Hkv*hd) each
+  tightfit::lora_binding<B> lora_{};  // adapters of the projections (none by default)
 };

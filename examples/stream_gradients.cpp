@@ -14,6 +14,7 @@
 
 #include "tightfit/backend/eigen.hpp"
 #include "tightfit/loss/sft.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/hf_model.hpp"
 #include "tightfit/stream/backward.hpp"
 #include "tightfit/stream/planner.hpp"
@@ -30,7 +31,7 @@ int main(int argc, char** argv) try {
   // The model: config.json, then the weights by their Hugging Face names.
   const tightfit::model_config cfg = tightfit::load_hf_config(dir);
   tightfit::eigen_backend<float> be;
-  tightfit::decoder_model<tightfit::eigen_backend<float>> model(be, cfg);
+  tightfit::llama_model<tightfit::eigen_backend<float>> model(be, cfg);
   tightfit::load_hf_weights(dir, model.parameters());
 
   // One sequence of tokens (a tokenizer's output in real use); labels are the inputs.

@@ -11,6 +11,7 @@
 #include "state_model.hpp"
 #include "tightfit/io/safetensors.hpp"
 #include "tightfit/loss/sft.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace tightfit;
@@ -19,7 +20,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try {
     const auto view = safetensors_view::parse(bytes, "fuzz");
     state_backend be;
-    decoder_model<state_backend> model(be, state_config());
+    llama_model<state_backend> model(be, state_config());
     model.init_random(3);
     state_optimizer opt(model, state_partition(model.parameters()), {}, {}, {}, state_options());
     opt.load(view);

@@ -7,6 +7,7 @@
 #include "state_model.hpp"
 #include "tightfit/io/safetensors.hpp"
 #include "tightfit/loss/sft.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 
 int main(int argc, char** argv) {
   using namespace tightfit;
@@ -17,7 +18,7 @@ int main(int argc, char** argv) {
   }
   for (int steps : {0, 1, 3, 6}) {
     state_backend be;
-    decoder_model<state_backend> model(be, state_config());
+    llama_model<state_backend> model(be, state_config());
     model.init_random(3);
     state_optimizer opt(model, state_partition(model.parameters()), {}, {}, {}, state_options());
     const token_dataset rows = state_data();

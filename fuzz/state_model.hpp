@@ -14,7 +14,8 @@
 namespace tightfit::fuzzing {
 
 using state_backend = reference_backend<float>;
-using state_optimizer = block_optimizer<state_backend, adam_update_rule, runtime_order>;
+using state_optimizer =
+    block_optimizer<llama_model<state_backend>, adam_update_rule, runtime_order>;
 
 inline model_config state_config() {
   model_config c;

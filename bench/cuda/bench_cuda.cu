@@ -36,6 +36,7 @@
 #include "tightfit/backend/cuda.hpp"
 #include "tightfit/backend/meta.hpp"
 #include "tightfit/loss/sft.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/model.hpp"
 #include "tightfit/nn/presets.hpp"
 #include "tightfit/stream/backward.hpp"
@@ -256,7 +257,7 @@ std::pair<index_t, index_t> planner(report& r, const options& o) {
   const model_config cfg = qwen3_4b(36);
   // parameters + gradients in bf16 (tied embeddings: one table)
   meta_backend<float> mb;
-  decoder_model<meta_backend<float>> counted(mb, cfg);
+  llama_model<meta_backend<float>> counted(mb, cfg);
   std::size_t numel = 0;
   for (std::size_t i = 0; i < counted.parameters().size(); ++i)
     numel += static_cast<std::size_t>(counted.parameters().numel(i));
@@ -292,7 +293,7 @@ token_batch random_batch(const model_config& cfg, index_t t, std::vector<token_i
 /// Every weight set on the device: norms 1, the rest small values alternating by tensor. The
 /// step's time and memory do not depend on the values, and init_random's host draw of 4e9
 /// normals would take minutes at 36 layers; the loss is then about log(vocab).
-void fill_weights(cuda_backend<bf16>& be, decoder_model<cuda_backend<bf16>>& model) {
+void fill_weights(cuda_backend<bf16>& be, llama_model<cuda_backend<bf16>>& model) {
   auto& p = model.parameters();
   for (std::size_t i = 0; i < p.size(); ++i) {
     const auto v = p.value(i);
@@ -312,7 +313,7 @@ void one_step(report& r, const std::string& section, const std::string& tag,
   device_peaks peaks(0);
   peaks.reset();
   cuda_backend<bf16> be;
-  decoder_model<cuda_backend<bf16>> model(be, cfg);
+  llama_model<cuda_backend<bf16>> model(be, cfg);
   fill_weights(be, model);
   sft_loss loss;
   backward_options opt;

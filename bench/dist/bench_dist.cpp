@@ -22,6 +22,7 @@
 #include "tightfit/dist/data_parallel.hpp"
 #include "tightfit/dist/mpi_communicator.hpp"
 #include "tightfit/loss/sft.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/presets.hpp"
 
 using namespace tightfit;
@@ -71,7 +72,7 @@ int main(int argc, char** argv) {
     const options o = parse(argc, argv);
     const model_config cfg = preset_config(o.preset);
     eigen_backend<float> be;
-    decoder_model<eigen_backend<float>> model(be, cfg);
+    llama_model<eigen_backend<float>> model(be, cfg);
     model.init_random(1);
     // This rank's batch: its own random tokens.
     std::mt19937_64 gen(1000 + static_cast<std::uint64_t>(comm.rank()));

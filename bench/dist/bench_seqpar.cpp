@@ -30,6 +30,7 @@
 #include "tightfit/dist/mpi_communicator.hpp"
 #include "tightfit/dist/sequence_parallel.hpp"
 #include "tightfit/loss/sft.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/presets.hpp"
 
 using namespace tightfit;
@@ -90,7 +91,7 @@ void dry_run(const options& o, const model_config& cfg, const token_batch& batch
   std::size_t worst = 0;
   for (int r = 0; r < o.dry_ranks; ++r) {
     meta_backend<float> be;
-    decoder_model<meta_backend<float>> model(be, cfg);
+    llama_model<meta_backend<float>> model(be, cfg);
     dry_communicator comm(r, o.dry_ranks);
     sft_loss loss;
     const backward_result res =
@@ -98,7 +99,7 @@ void dry_run(const options& o, const model_config& cfg, const token_batch& batch
     worst = std::max(worst, res.peak_activation_bytes);
   }
   meta_backend<float> be;
-  decoder_model<meta_backend<float>> model(be, cfg);
+  llama_model<meta_backend<float>> model(be, cfg);
   sft_loss loss;
   const std::size_t one = compute_gradients(model, batch, loss, opt).peak_activation_bytes;
   std::printf("dry,%d,%s,%lld,%zu,%zu,%.3f\n", o.dry_ranks, to_string(o.assignment),
@@ -162,7 +163,7 @@ int main(int argc, char** argv) {
     check(!o.one_process || comm.size() == 1, "bench_seqpar: --one-process needs one rank");
     const model_config cfg = preset_config(o.preset);
     eigen_backend<float> be;
-    decoder_model<eigen_backend<float>> model(be, cfg);
+    llama_model<eigen_backend<float>> model(be, cfg);
     model.init_random(1);
     std::mt19937_64 gen(1000);
     std::uniform_int_distribution<token_id> tok(0, static_cast<token_id>(cfg.vocab_size - 1));

@@ -40,6 +40,7 @@
 #include "tightfit/args.hpp"
 #include "tightfit/backend/eigen.hpp"
 #include "tightfit/loss/sft.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/optim/optim.hpp"
 #include "tightfit/stream/backward.hpp"
 
@@ -81,7 +82,7 @@ template <class Make>
 mem_row measure(const std::string& method, const model_config& cfg, index_t seq, index_t steps,
                 Make make) {
   backend be;
-  decoder_model<backend> model(be, cfg);
+  llama_model<backend> model(be, cfg);
   model.init_random(1);
   auto opt = make(model);
   std::mt19937_64 gen(42);
@@ -140,20 +141,21 @@ void part_memory(const std::string& preset, index_t seq, const std::filesystem::
   block_options k1;
   k1.switch_every = 1;
   std::vector<mem_row> rows;
-  rows.push_back(measure("adam", cfg, seq, 2, [](decoder_model<backend>& m) {
+  rows.push_back(measure("adam", cfg, seq, 2, [](llama_model<backend>& m) {
     return make_full_optimizer(m, adam_update_rule{});
   }));
-  rows.push_back(measure("badam", cfg, seq, d, [&](decoder_model<backend>& m) {
-    return block_optimizer<backend, adam_update_rule, descending_order>(
+  rows.push_back(measure("badam", cfg, seq, d, [&](llama_model<backend>& m) {
+    return block_optimizer<llama_model<backend>, adam_update_rule, descending_order>(
         m, block_partition::by_layer(m.parameters()), {}, {}, {}, k1);
   }));
-  rows.push_back(measure("bread-sgd", cfg, seq, d, [&](decoder_model<backend>& m) {
-    return block_optimizer<backend, adam_update_rule, descending_order, sgd_expansion>(
+  rows.push_back(measure("bread-sgd", cfg, seq, d, [&](llama_model<backend>& m) {
+    return block_optimizer<llama_model<backend>, adam_update_rule, descending_order, sgd_expansion>(
         m, block_partition::by_layer(m.parameters()), {}, {}, {}, k1);
   }));
-  rows.push_back(measure("bread-lora", cfg, seq, d, [&](decoder_model<backend>& m) {
-    return block_optimizer<backend, adam_update_rule, descending_order, lora_expansion>(
-        m, block_partition::by_layer(m.parameters()), {}, {}, {}, k1);
+  rows.push_back(measure("bread-lora", cfg, seq, d, [&](llama_model<backend>& m) {
+    return block_optimizer<llama_model<backend>, adam_update_rule, descending_order,
+                           lora_expansion>(m, block_partition::by_layer(m.parameters()), {}, {}, {},
+                                           k1);
   }));
   // Time ratios are normalised by each row's own forward time (the same work in every row), so
   // that a busy shared machine does not distort them; the GFLOP ratio is exact work.
@@ -322,7 +324,7 @@ struct run_config {
 /// The model's weights on the host, one vector per parameter (a pre-trained checkpoint).
 using weights = std::vector<std::vector<float>>;
 
-weights snapshot(decoder_model<backend>& model) {
+weights snapshot(llama_model<backend>& model) {
   auto& p = model.parameters();
   weights w(p.size());
   for (std::size_t i = 0; i < p.size(); ++i) {
@@ -332,7 +334,7 @@ weights snapshot(decoder_model<backend>& model) {
   return w;
 }
 
-void restore(decoder_model<backend>& model, const weights& w) {
+void restore(llama_model<backend>& model, const weights& w) {
   auto& p = model.parameters();
   check(w.size() == p.size(), "restore: ", w.size(), " saved parameters, the model has ", p.size());
   for (std::size_t i = 0; i < p.size(); ++i)
@@ -358,7 +360,7 @@ struct eval_set {
     for (std::size_t b = 0; b < ids.size(); ++b) clean.make(gen, ids[b], targets[b]);
   }
 
-  double loss(decoder_model<backend>& model) const {
+  double loss(llama_model<backend>& model) const {
     backward_options o;
     o.sched = backward_schedule::stream;
     o.chunk = seq;
@@ -396,7 +398,7 @@ struct run_result {
 };
 
 template <class Opt>
-run_result train_loop(decoder_model<backend>& model, Opt& opt, const run_config& rc,
+run_result train_loop(llama_model<backend>& model, Opt& opt, const run_config& rc,
                       const copy_task& task, index_t steps, std::uint64_t data_seed,
                       const eval_set& ev) {
   std::mt19937_64 gen(data_seed);  // the same batches for every method
@@ -429,7 +431,7 @@ run_result train_loop(decoder_model<backend>& model, Opt& opt, const run_config&
   return r;
 }
 
-block_partition make_partition(decoder_model<backend>& m, const std::string& blocks) {
+block_partition make_partition(llama_model<backend>& m, const std::string& blocks) {
   if (blocks == "separate") return block_partition::by_layer(m.parameters(), true, true);
   if (blocks == "frozen") return block_partition::by_layer(m.parameters(), false, false);
   // merged: the embedding joins the first layer's block, the final norm and head the last's.
@@ -451,7 +453,7 @@ block_partition make_partition(decoder_model<backend>& m, const std::string& blo
 run_result run_one(const run_config& rc, const copy_task& task, index_t steps, std::uint64_t seed,
                    const weights* init, const eval_set& ev) {
   backend be;
-  decoder_model<backend> model(be, copy_config(task));
+  llama_model<backend> model(be, copy_config(task));
   model.init_random(3 + seed, 0.05);
   if (init) restore(model, *init);
   const std::uint64_t data_seed = 7 + seed;
@@ -469,21 +471,21 @@ run_result run_one(const run_config& rc, const copy_task& task, index_t steps, s
   runtime_order order;
   order.what = runtime_order::parse(rc.order);
   if (rc.method == "badam") {
-    block_optimizer<backend, adam_update_rule, runtime_order> opt(
+    block_optimizer<llama_model<backend>, adam_update_rule, runtime_order> opt(
         model, make_partition(model, rc.blocks), adam, order, {}, bo);
     return train_loop(model, opt, rc, task, steps, data_seed, ev);
   }
   if (rc.method == "bread-sgd") {
     sgd_expansion e;
     e.lr = rc.sgd_lr;
-    block_optimizer<backend, adam_update_rule, runtime_order, sgd_expansion> opt(
+    block_optimizer<llama_model<backend>, adam_update_rule, runtime_order, sgd_expansion> opt(
         model, make_partition(model, rc.blocks), adam, order, e, bo);
     return train_loop(model, opt, rc, task, steps, data_seed, ev);
   }
   lora_expansion e;
   e.rank = rc.lora_rank;
   e.lr = rc.lora_lr;
-  block_optimizer<backend, adam_update_rule, runtime_order, lora_expansion> opt(
+  block_optimizer<llama_model<backend>, adam_update_rule, runtime_order, lora_expansion> opt(
       model, make_partition(model, rc.blocks), adam, order, e, bo);
   return train_loop(model, opt, rc, task, steps, data_seed, ev);
 }
@@ -520,7 +522,7 @@ struct experiment {
     run_config rc;
     rc.adam_lr = pretrain_lr;
     backend be;
-    decoder_model<backend> model(be, copy_config(pt));
+    llama_model<backend> model(be, copy_config(pt));
     model.init_random(3, 0.05);
     adam_update_rule adam;
     adam.lr = pretrain_lr;

@@ -13,6 +13,7 @@
 
 #include "tightfit/backend/eigen.hpp"
 #include "tightfit/loss/sft.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/model.hpp"
 #include "tightfit/nn/presets.hpp"
 #include "tightfit/stream/backward.hpp"
@@ -117,7 +118,7 @@ int main(int argc, char** argv) {
   }
   const model_config cfg = preset_config(preset);
   eigen_backend<float> be;
-  decoder_model<eigen_backend<float>> model(be, cfg);
+  llama_model<eigen_backend<float>> model(be, cfg);
   model.init_random(1, 0.02, 0.1);
   const layout layouts[2] = {padded(lens, cfg.vocab_size), packed(lens, cfg.vocab_size)};
   backward_options opt;

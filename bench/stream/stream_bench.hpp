@@ -38,6 +38,7 @@
 #include "tightfit/loss/dpo.hpp"
 #include "tightfit/loss/grpo.hpp"
 #include "tightfit/loss/sft.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/presets.hpp"
 #include "tightfit/stream/backward.hpp"
 #include "tightfit/stream/planner.hpp"
@@ -194,7 +195,7 @@ backward_result with_objective(const std::string& name, index_t batch, index_t s
   fail("unknown objective '", name, "', expected sft, grpo or dpo");
 }
 
-row measure(decoder_model<backend>& model, const batch_data& data, index_t batch, index_t seq,
+row measure(llama_model<backend>& model, const batch_data& data, index_t batch, index_t seq,
             const std::string& sched_name, index_t chunk, const std::string& objective = "sft") {
   const schedule_spec spec = parse_schedule_spec(sched_name);
   auto& be = model.backend();
@@ -328,7 +329,7 @@ inline bench_options parse_options(int argc, char** argv) {
   std::uint64_t params = 0;  // parameter bytes, counted by a dry-run model
   {
     meta_backend<float> mb;
-    decoder_model<meta_backend<float>> dry(mb, cfg);
+    llama_model<meta_backend<float>> dry(mb, cfg);
     params = mb.memory().live();
   }
   for (index_t seq : o.seqs) {
@@ -412,7 +413,7 @@ inline int stream_bench_main(int argc, char** argv, const std::vector<std::strin
     const model_config cfg = preset_config(preset_name);
     if (single) {  // child: one (schedule, T) measurement, one machine-readable line
       backend be;
-      decoder_model<backend> model(be, cfg);
+      llama_model<backend> model(be, cfg);
       model.init_random(1);
       const index_t seq = seq_list.at(0);
       const auto data = make_batch(batch, seq, cfg.vocab_size);
@@ -442,7 +443,7 @@ inline int stream_bench_main(int argc, char** argv, const std::vector<std::strin
     for (index_t seq : seq_list) {
       if (compare) {
         backend be;
-        decoder_model<backend> model(be, cfg);
+        llama_model<backend> model(be, cfg);
         model.init_random(1);
         const auto data = make_batch(batch, seq, cfg.vocab_size);
         std::vector<std::vector<float>> reference;

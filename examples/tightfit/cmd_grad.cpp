@@ -34,7 +34,7 @@
 #include "tightfit/loss/dpo.hpp"
 #include "tightfit/loss/grpo.hpp"
 #include "tightfit/loss/sft.hpp"
-#include "tightfit/nn/gemma_layer.hpp"
+#include "tightfit/nn/architectures.hpp"
 #include "tightfit/nn/hf_model.hpp"
 #include "tightfit/stream/backward.hpp"
 #include "tightfit/stream/planner.hpp"
@@ -396,13 +396,13 @@ int run_grad_with(const arguments& a, const model_config& cfg, Comm& comm) {
   return 0;
 }
 
-/// The layer of the config's architecture: Gemma 2 / 3 run on gemma_layer, the rest on
-/// decoder_layer.
+/// The layer of the config's architecture (nn/architectures.hpp).
 template <class T, class Comm>
 int run_grad(const arguments& a, Comm& comm) {
   const model_config cfg = load_hf_config(a.get("--model"));
-  return cfg.is_gemma() ? run_grad_with<T, gemma_layer>(a, cfg, comm)
-                        : run_grad_with<T, decoder_layer>(a, cfg, comm);
+  return with_config_layer(cfg, [&](auto layer) {
+    return run_grad_with<T, decltype(layer)::template type>(a, cfg, comm);
+  });
 }
 
 /// Every argument checked before any file is read or MPI starts (usage_error: exit 2).

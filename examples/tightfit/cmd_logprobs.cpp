@@ -19,6 +19,7 @@
 #include "output_paths.hpp"
 #include "tightfit/backend/eigen.hpp"
 #include "tightfit/io/safetensors.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/hf_model.hpp"
 #include "tightfit/stream/forward.hpp"
 
@@ -85,7 +86,7 @@ int run_logprobs(const arguments& a, const std::string& objective) {
                              batch_host_bytes_per_token);
 
   backend be;
-  decoder_model<backend> model(be, cfg);
+  llama_model<backend> model(be, cfg);
   load_hf_weights(model_dir, model.parameters());
   check_finite_weights(model.parameters(), model_dir.string());
   const loaded_batch lb = read_batch(batch_file, objective);

@@ -24,9 +24,10 @@
 #include "output_paths.hpp"
 #include "tightfit/backend/eigen.hpp"
 #include "tightfit/dist/self_communicator.hpp"
-#include "tightfit/dist/zero1.hpp"
+#include "tightfit/dist/sequence_step.hpp"
 #include "tightfit/io/token_file.hpp"
 #include "tightfit/loss/sft.hpp"
+#include "tightfit/nn/architectures.hpp"
 #include "tightfit/nn/hf_model.hpp"
 #include "tightfit/nn/lora.hpp"
 #include "tightfit/nn/peft.hpp"
@@ -36,6 +37,7 @@
 #include "tightfit/optim/lora_optimizer.hpp"
 #include "tightfit/optim/optim.hpp"
 #include "tightfit/optim/train.hpp"
+#include "tightfit/optim/zero1.hpp"
 
 namespace tightfit::cli {
 
@@ -334,9 +336,8 @@ struct progress_if_shown {
   }
 };
 
-template <class T, class Opt, class Comm>
-int run_training(decoder_model<eigen_backend<T>>& model, const token_dataset& data, Opt& opt,
-                 const args& a, Comm& comm) {
+template <class T, class Model, class Opt, class Comm>
+int run_training(Model& model, const token_dataset& data, Opt& opt, const args& a, Comm& comm) {
   const bool root = comm.rank() == 0;
   if (!a.resume.empty()) {
     try {
@@ -364,10 +365,6 @@ int run_training(decoder_model<eigen_backend<T>>& model, const token_dataset& da
   o.grad_accum = a.grad_accum;
   o.backward.sched = parse_backward_schedule(a.sched);
   o.backward.chunk = a.chunk;
-  if (a.parallel == "sequence") {
-    o.parallel = train_parallelism::sequence;
-    if (!a.assignment.empty()) o.sequence.assignment = parse_sequence_assignment(a.assignment);
-  }
   // Non-finite policy: train() stops at a non-finite loss; a non-finite gradient or update stops
   // here, naming the step and the tensor, before anything is logged further or saved.
   auto finite = [&model, &opt](std::int64_t step, const step_result&) {
@@ -390,8 +387,20 @@ int run_training(decoder_model<eigen_backend<T>>& model, const token_dataset& da
         ", but this run ends at step ", horizon);
   const auto sched =
       runtime_schedule::parse(a.schedule, a.total_steps > 0 ? a.total_steps : horizon);
-  const auto s = train(comm, model, data, opt, sched, o, sft_loss{}, log_if_open{log},
-                       progress_if_shown{!a.quiet && root}, finite);
+  // the step's gradients: the ranks split its rows, or (--parallel sequence) its positions
+  auto run = [&](const auto& gradients) {
+    return train(gradients, model, data, opt, sched, o, sft_loss{}, log_if_open{log},
+                 progress_if_shown{!a.quiet && root}, finite);
+  };
+  train_summary s;
+  if (a.parallel == "sequence") {
+    sequence_parallel_training<Comm> gradients{&comm};
+    if (!a.assignment.empty())
+      gradients.options.assignment = parse_sequence_assignment(a.assignment);
+    s = run(gradients);
+  } else {
+    s = run(data_parallel_training<Comm>{&comm});
+  }
   if (!a.save_state.empty()) {
     safetensors_writer w;
     if (root) {
@@ -425,8 +434,8 @@ int run_training(decoder_model<eigen_backend<T>>& model, const token_dataset& da
 /// --device cuda: the host model (loaded and checked) trained on the GPU; the same callbacks,
 /// summary line and --save-model as the CPU path. The weights come back after the last step and
 /// are checked there (train() itself stops at a non-finite loss or gradient norm).
-int train_on_cuda(decoder_model<eigen_backend<float>>& model, const token_dataset& data,
-                  const args& a) {
+template <class Model>
+int train_on_cuda(Model& model, const token_dataset& data, const args& a) {
   cuda_train_job job;
   job.config = model.config();
   job.dtype = a.dtype == "bf16" ? cuda_dtype::bf16 : cuda_dtype::f32;
@@ -615,15 +624,25 @@ int train(int argc, char** argv) {
 
 namespace {
 
+/// The model of the config's architecture (nn/architectures.hpp) trained.
+template <class T, template <class> class Layer, class Comm>
+int run_model(const args& a, const model_config& cfg, Comm& comm);
+
 template <class T, class Comm>
 int run(const args& a, Comm& comm) {
+  const model_config cfg = a.model.empty() ? train_preset(a.preset) : load_hf_config(a.model);
+  return with_config_layer(
+      cfg, [&](auto layer) { return run_model<T, decltype(layer)::template type>(a, cfg, comm); });
+}
+
+template <class T, template <class> class Layer, class Comm>
+int run_model(const args& a, const model_config& cfg, Comm& comm) {
   using backend = eigen_backend<T>;
   constexpr bool parallel = !std::is_same_v<Comm, self_communicator>;
   if constexpr (parallel) check_paths(a, comm.size());
   eigen_backend_options bopts;
   if (a.deterministic) bopts.attention_backward = attention_backward_strategy::two_pass;
   backend be(bopts);
-  const model_config cfg = a.model.empty() ? train_preset(a.preset) : load_hf_config(a.model);
   // Sizes before allocation: config.json against the checkpoint; weights, gradients and two
   // moments (Adam) against memory; a micro-batch's activations against memory.
   const std::filesystem::path model_path = a.model;
@@ -632,15 +651,16 @@ int run(const args& a, Comm& comm) {
   // adapter is allocated
   std::optional<lora_config> lora;
   if (a.optimizer == "lora") {
+    const std::vector<param_spec> layer_table = Layer<backend>::parameter_table(cfg);
     lora = a.adapter.empty() ? cli_lora_config(a) : read_peft_config(a.adapter);
     if (!a.adapter.empty()) {
       check(lora->rank <= max_lora_rank,
             (std::filesystem::path(a.adapter) / "adapter_config.json").string(),
             ": field \"r\" is ", lora->rank, ", more than the largest rank tightfit trains (",
             max_lora_rank, ")");
-      check_peft_adapter_shapes(a.adapter, cfg, *lora);
+      check_peft_adapter_shapes(a.adapter, layer_table, cfg.num_hidden_layers, *lora);
     }
-    const auto values = lora_value_count(cfg, *lora);
+    const auto values = lora_value_count(layer_table, cfg.num_hidden_layers, *lora);
     check(values.has_value(), "the LoRA adapters of rank ", lora->rank,
           " do not fit in 64-bit counts");
     check_memory("the LoRA adapters (" + std::to_string(*values) + " values x 4 copies of " +
@@ -658,7 +678,7 @@ int run(const args& a, Comm& comm) {
     check_activations_fit<T>("--batch " + std::to_string(a.batch), true, cfg, a.batch,
                              data.seq_len(), bo);
   }
-  decoder_model<backend> model(be, cfg);
+  decoder_model<backend, Layer<backend>> model(be, cfg);
   if (a.model.empty()) {
     model.init_random(a.seed);
   } else {
@@ -687,7 +707,7 @@ int run(const args& a, Comm& comm) {
   // The full optimizers: over the ranks, ZeRO-1 (each rank keeps 1/N of the state).
   auto full = [&](auto rule) {
     if constexpr (parallel) {
-      zero1_full_optimizer<backend, decltype(rule), Comm> opt(model, rule, comm, a.clip);
+      zero1_full_optimizer<decltype(model), decltype(rule), Comm> opt(model, rule, comm, a.clip);
       return run_training<T>(model, data, opt, a, comm);
     } else {
       auto opt = make_full_optimizer(model, rule, a.clip);
@@ -706,7 +726,8 @@ int run(const args& a, Comm& comm) {
     return full(s);
   }
   if (a.optimizer == "badam") {
-    block_optimizer<backend, adam_update_rule, runtime_order> opt(model, part, adam, order, {}, bo);
+    block_optimizer<decltype(model), adam_update_rule, runtime_order> opt(model, part, adam, order,
+                                                                          {}, bo);
     return run_training<T>(model, data, opt, a, comm);
   }
   if (a.optimizer == "bread-sgd") {
@@ -714,15 +735,15 @@ int run(const args& a, Comm& comm) {
     if (a.bread_lr) e.lr = *a.bread_lr;
     e.use_sign = a.sign;
     e.scope = scope;
-    block_optimizer<backend, adam_update_rule, runtime_order, sgd_expansion> opt(model, part, adam,
-                                                                                 order, e, bo);
+    block_optimizer<decltype(model), adam_update_rule, runtime_order, sgd_expansion> opt(
+        model, part, adam, order, e, bo);
     return run_training<T>(model, data, opt, a, comm);
   }
   if constexpr (!parallel) {
     if (a.optimizer == "lora") {
       lora_config lc = *lora;
       lc.seed = a.seed;
-      lora_adapters<backend> adapters(model, lc);
+      lora_adapters<decltype(model)> adapters(model, lc);
       if (!a.adapter.empty()) {
         load_peft_adapter(a.adapter, adapters);
         check_finite_weights(
@@ -731,7 +752,7 @@ int run(const args& a, Comm& comm) {
       }
       adamw_update_rule w;
       if (a.lr) w.lr = *a.lr;
-      lora_optimizer<backend> opt(adapters, w, a.clip);
+      lora_optimizer<decltype(model)> opt(adapters, w, a.clip);
       return run_training<T>(model, data, opt, a, comm);
     }
     if (a.optimizer == "bread-lora") {
@@ -740,7 +761,7 @@ int run(const args& a, Comm& comm) {
       e.rank = a.rank;
       e.loraplus_ratio = a.loraplus;
       e.scope = scope;
-      block_optimizer<backend, adam_update_rule, runtime_order, lora_expansion> opt(
+      block_optimizer<decltype(model), adam_update_rule, runtime_order, lora_expansion> opt(
           model, part, adam, order, e, bo);
       return run_training<T>(model, data, opt, a, comm);
     }

@@ -14,6 +14,8 @@
 
 #include "device_cuda.hpp"
 #include "tightfit/backend/cuda.hpp"
+#include "tightfit/nn/architectures.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/gemma_layer.hpp"
 #include "tightfit/nn/model.hpp"
 #include "tightfit/optim/optim.hpp"
@@ -112,7 +114,7 @@ class mixed_adam {
   using S = __nv_bfloat16;
   using B = cuda_backend<S>;
 
-  mixed_adam(decoder_model<B>& model, Rule rule, double max_grad_norm,
+  mixed_adam(llama_model<B>& model, Rule rule, double max_grad_norm,
              std::span<const host_tensor> host)
       : model_(&model), rule_(rule), clip_(max_grad_norm) {
     rule_.validate();
@@ -201,7 +203,7 @@ class mixed_adam {
     return norm;
   }
 
-  decoder_model<B>* model_;
+  llama_model<B>* model_;
   Rule rule_;
   double clip_ = 0;
   std::vector<state> state_;
@@ -215,7 +217,7 @@ class mixed_adam {
 cuda_train_result train_bf16(cuda_train_job& job) {
   using B = cuda_backend<__nv_bfloat16>;
   B be(cuda_backend_options{job.device, false, job.deterministic});
-  decoder_model<B> model(be, job.config);
+  llama_model<B> model(be, job.config);
   auto& p = model.parameters();
   upload_weights<__nv_bfloat16>(p, job.parameters);
   cuda_train_result out;
@@ -257,22 +259,21 @@ cuda_bench_result bench_row(const cuda_bench_job& job, Loss& loss) {
 template <class Loss>
 cuda_bench_result bench_dispatch(const cuda_bench_job& job, Loss& loss) {
   require_cuda_device(job.device);
-  const bool gemma = job.config.is_gemma();
-  if (job.dtype == cuda_dtype::bf16)
-    return gemma ? bench_row<__nv_bfloat16, gemma_layer>(job, loss)
-                 : bench_row<__nv_bfloat16, decoder_layer>(job, loss);
-  return gemma ? bench_row<float, gemma_layer>(job, loss)
-               : bench_row<float, decoder_layer>(job, loss);
+  return with_config_layer(job.config, [&](auto layer) {
+    return job.dtype == cuda_dtype::bf16
+               ? bench_row<__nv_bfloat16, decltype(layer)::template type>(job, loss)
+               : bench_row<float, decltype(layer)::template type>(job, loss);
+  });
 }
 
 template <class Loss>
 cuda_grad_result dispatch(cuda_grad_job& job, Loss& loss) {
   require_cuda_device(job.device);
-  const bool gemma = job.config.is_gemma();
-  if (job.dtype == cuda_dtype::bf16)
-    return gemma ? run<__nv_bfloat16, gemma_layer>(job, loss)
-                 : run<__nv_bfloat16, decoder_layer>(job, loss);
-  return gemma ? run<float, gemma_layer>(job, loss) : run<float, decoder_layer>(job, loss);
+  return with_config_layer(job.config, [&](auto layer) {
+    return job.dtype == cuda_dtype::bf16
+               ? run<__nv_bfloat16, decltype(layer)::template type>(job, loss)
+               : run<float, decltype(layer)::template type>(job, loss);
+  });
 }
 
 }  // namespace
@@ -286,7 +287,7 @@ cuda_train_result cuda_train(cuda_train_job& job) {
   if (job.dtype == cuda_dtype::bf16) return train_bf16(job);
   using B = cuda_backend<float>;
   B be(cuda_backend_options{job.device, false, job.deterministic});
-  decoder_model<B> model(be, job.config);
+  llama_model<B> model(be, job.config);
   auto& p = model.parameters();
   upload_weights<float>(p, job.parameters);
   cuda_train_result out;

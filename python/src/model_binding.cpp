@@ -31,7 +31,7 @@
 #include "tightfit/loss/dpo.hpp"
 #include "tightfit/loss/grpo.hpp"
 #include "tightfit/loss/sft.hpp"
-#include "tightfit/nn/gemma_layer.hpp"
+#include "tightfit/nn/architectures.hpp"
 #include "tightfit/nn/hf_model.hpp"
 #include "tightfit/nn/presets.hpp"
 #include "tightfit/stream/backward.hpp"
@@ -351,12 +351,12 @@ std::unique_ptr<model_base> load_model(const std::string& dir, const std::string
   const bool f64 = dtype == "float64";
   // sizes before allocation: config.json against the checkpoint, weights + gradients in memory
   cli::check_model_fits(cfg, f64 ? 8 : 4, 2, &path);
-  if (cfg.is_gemma()) {
-    if (f64) return std::make_unique<model_impl<double, gemma_layer>>(cfg, path, threads);
-    return std::make_unique<model_impl<float, gemma_layer>>(cfg, path, threads);
-  }
-  if (f64) return std::make_unique<model_impl<double, decoder_layer>>(cfg, path, threads);
-  return std::make_unique<model_impl<float, decoder_layer>>(cfg, path, threads);
+  // the layer the config's architecture names (nn/architectures.hpp), as the tool picks it
+  return with_config_layer(cfg, [&](auto layer) -> std::unique_ptr<model_base> {
+    using tag = decltype(layer);
+    if (f64) return std::make_unique<model_impl<double, tag::template type>>(cfg, path, threads);
+    return std::make_unique<model_impl<float, tag::template type>>(cfg, path, threads);
+  });
 }
 
 /// The scalar options of a gradient call (the tool's names, with _ for -, and its ranges).

@@ -14,6 +14,7 @@
 #include "stream/stream_testing.hpp"
 #include "support/testing.hpp"
 #include "tightfit/io/safetensors.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/hf_model.hpp"
 #include "tightfit/stream/forward.hpp"
 
@@ -33,7 +34,7 @@ struct fixture {
   fixture() {
     cfg.architecture = "Qwen3ForCausalLM";
     reference_backend<double> be;
-    decoder_model<reference_backend<double>> model(be, cfg);
+    llama_model<reference_backend<double>> model(be, cfg);
     model.init_random(3, 0.3, 0.2);
     save_hf_config(cfg, dir / "config.json");
     save_hf_weights(dir / "model.safetensors", model.parameters());
@@ -117,7 +118,7 @@ TEST_CASE("grad: JSON line and gradients equal to the library's") {
   CHECK(j["chunk"] == 3);
   // the same computation through the library
   reference_backend<double> be;
-  decoder_model<reference_backend<double>> model(be, f.cfg);
+  llama_model<reference_backend<double>> model(be, f.cfg);
   load_hf_weights(f.dir, model.parameters());
   const auto targets = shift_labels(labels, b, t);
   sft_loss loss;
@@ -305,7 +306,7 @@ TEST_CASE("logprobs: forward-only log-probs that grad reads back without renamin
   CHECK(j["peak_activation_bytes"].get<double>() > 0);
   // the sums equal the library's forward on the reference backend
   reference_backend<double> be;
-  decoder_model<reference_backend<double>> model(be, f.cfg);
+  llama_model<reference_backend<double>> model(be, f.cfg);
   load_hf_weights(f.dir, model.parameters());
   std::vector<std::int64_t> ids = cid, labels = clab;
   ids.insert(ids.end(), rid.begin(), rid.end());

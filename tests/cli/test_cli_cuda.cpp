@@ -35,6 +35,7 @@
 #include "support/testing.hpp"
 #include "tightfit/backend/reference.hpp"
 #include "tightfit/io/safetensors.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/hf_model.hpp"
 #include "tightfit/nn/model.hpp"
 
@@ -66,7 +67,7 @@ struct fixture {
   fs::path batch = dir / "batch.safetensors";
   fixture() {
     reference_backend<double> be;
-    decoder_model<reference_backend<double>> model(be, cfg);
+    llama_model<reference_backend<double>> model(be, cfg);
     model.init_random(7, 0.3, 0.2);
     save_hf_config(cfg, dir / "config.json");
     save_hf_weights(dir / "model.safetensors", model.parameters());

@@ -20,6 +20,7 @@
 #include "tightfit/core/limits.hpp"
 #include "tightfit/io/safetensors.hpp"
 #include "tightfit/loss/sft.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/hf_model.hpp"
 #include "tightfit/stream/backward.hpp"
 
@@ -45,7 +46,7 @@ struct harden_fixture {
       : model(dir / name) {
     fs::create_directories(model);
     ref be;
-    decoder_model<ref> m(be, cfg);
+    llama_model<ref> m(be, cfg);
     m.init_random(5, scale);
     save_hf_config(cfg, model);
     save_hf_weights(model, m.parameters());
@@ -420,7 +421,7 @@ TEST_CASE("8. labels in padding are never supervised; attention_mask holds 0 / 1
   CHECK(loss_of(f.batch("nomask.safetensors", b, t, ids, dirty)) != with_clean);
   // The reference: the library on row lengths (4, 6) with only the 3 + 5 labels inside.
   ref be;
-  decoder_model<ref> model(be, f.cfg);
+  llama_model<ref> model(be, f.cfg);
   load_hf_weights(f.model, model.parameters());
   const auto targets = shift_labels(clean, b, t);
   const std::vector<index_t> lengths = {4, 6};

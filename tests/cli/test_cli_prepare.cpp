@@ -17,6 +17,7 @@
 #include "cli_testing.hpp"
 #include "stream/stream_testing.hpp"
 #include "tightfit/io/safetensors.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/hf_model.hpp"
 #include "tightfit/text/tokenizer.hpp"
 
@@ -74,7 +75,7 @@ fs::path random_model(const fs::path& dir, index_t vocab) {
   auto cfg = testing::tiny_config(4, 2, true, true, 2);
   cfg.vocab_size = vocab;
   reference_backend<double> be;
-  decoder_model<reference_backend<double>> m(be, cfg);
+  llama_model<reference_backend<double>> m(be, cfg);
   m.init_random(7, 0.1);
   save_hf_config(cfg, dir);
   save_hf_weights(dir, m.parameters());

@@ -12,11 +12,14 @@
 #include "tightfit/backend/concept.hpp"
 #include "tightfit/backend/meta.hpp"
 #include "tightfit/backend/reference.hpp"
+#include "tightfit/dist/self_communicator.hpp"
+#include "tightfit/dist/sequence_step.hpp"
 #include "tightfit/loss/sft.hpp"
 #include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/gemma_layer.hpp"
 #include "tightfit/nn/parameters.hpp"
 #include "tightfit/nn/sequence_shard.hpp"
+#include "tightfit/optim/train.hpp"
 #include "tightfit/stream/backward.hpp"
 
 #if __has_include(<Eigen/Core>) && __has_include("tightfit/backend/eigen.hpp")
@@ -60,11 +63,27 @@ static_assert(Backend<reference_backend<float>>);
 static_assert(Backend<reference_backend<double>>);
 static_assert(ParameterSet<parameter_set<reference_backend<double>>>);
 static_assert(ParameterSet<parameter_set<reference_backend<float>>>);
-// The shipped decoder layer offers the optional sequence-parallel extension of the layer seam.
+// Both shipped decoder layers offer the optional extensions of the layer seam (the skeleton's:
+// nn/streambp_layer.hpp): sequence parallelism (the K/V ring) and LoRA adapters.
 static_assert(
     SequenceParallelLayer<decoder_layer<reference_backend<double>>, reference_backend<double>>);
 static_assert(
     SequenceParallelLayer<decoder_layer<reference_backend<float>>, reference_backend<float>>);
+static_assert(
+    SequenceParallelLayer<gemma_layer<reference_backend<double>>, reference_backend<double>>);
+static_assert(LoraLayer<decoder_layer<reference_backend<double>>, reference_backend<double>>);
+static_assert(LoraLayer<gemma_layer<meta_backend<float>>, meta_backend<float>>);
+// What the optimizers take: a DecoderModel on a Backend (decoder_model has no default layer).
+static_assert(TrainableModel<llama_model<reference_backend<double>>>);
+static_assert(TrainableModel<gemma_model<reference_backend<double>>>);
+static_assert(DecoderModel<gemma_model<meta_backend<float>>>);
+static_assert(!DecoderModel<parameter_set<reference_backend<double>>>);
+// train()'s gradient policies (optim/train.hpp's TrainingGradients, dist/'s policies).
+static_assert(TrainingGradients<data_parallel_training<self_communicator>>);
+static_assert(TrainingGradients<sequence_parallel_training<self_communicator>>);
+static_assert(!TrainingGradients<self_communicator>);
+static_assert(
+    sequence_parallel_training<self_communicator>::accepts<gemma_model<reference_backend<double>>>);
 #ifdef TIGHTFIT_TEST_EIGEN
 static_assert(every_part<eigen_backend<float>> && every_part<eigen_backend<double>>);
 static_assert(GemmaBackend<eigen_backend<float>> && GemmaBackend<eigen_backend<double>>);
@@ -200,7 +219,7 @@ TEST_CASE("a backend without optimizer kernels computes gradients") {
   cfg.num_attention_heads = 2;
   cfg.num_key_value_heads = 1;
   cfg.head_dim = 4;
-  decoder_model<gradients_only> model(be, cfg);
+  llama_model<gradients_only> model(be, cfg);
   model.init_random(1);
   std::vector<token_id> ids{1, 2, 3, 4}, targets{2, 3, 4, ignore_index};
   sft_loss loss;

@@ -27,6 +27,7 @@
 #include "tightfit/backend/cuda.hpp"
 #include "tightfit/backend/reference.hpp"
 #include "tightfit/loss/sft.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/model.hpp"
 #include "tightfit/stream/backward.hpp"
 
@@ -313,7 +314,7 @@ model_run run_model(B&& be, const model_config& cfg, backward_schedule s) {
   for (auto& x : targets) x = gen() % 5 == 0 ? ignore_index : tok(gen);
   const std::vector<index_t> lengths{150, 97};
   const token_batch batch{b, t, ids, targets, lengths};
-  decoder_model<BB> model(be, cfg);
+  llama_model<BB> model(be, cfg);
   model.init_random(7, 0.3, 0.2);
   sft_loss loss;
   backward_options o;

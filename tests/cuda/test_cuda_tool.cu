@@ -32,6 +32,7 @@
 #include "support/testing.hpp"
 #include "tightfit/backend/cuda.hpp"
 #include "tightfit/backend/reference.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/optim/optim.hpp"
 
 using namespace tightfit;
@@ -56,7 +57,7 @@ model_config tool_config() {
 
 /// `model` initialised by init_random(seed, 0.3, 0.2) and rounded to float, as the tool loads
 /// it; returns those float weights per parameter (the host spans a job hands over).
-std::vector<std::vector<float>> float_weights(decoder_model<reference_backend<double>>& model,
+std::vector<std::vector<float>> float_weights(llama_model<reference_backend<double>>& model,
                                               std::uint64_t seed) {
   model.init_random(seed, 0.3, 0.2);
   auto& p = model.parameters();
@@ -126,12 +127,12 @@ TEST_SUITE("gpu") {
     const std::vector<double> ref_w{-300.0, -250.0}, ref_l{-310.0, -240.0};
     // the reference model: float weights (what the tool loads), held in double
     reference_backend<double> rb;
-    decoder_model<reference_backend<double>> ref(rb, cfg);
+    llama_model<reference_backend<double>> ref(rb, cfg);
     auto host = float_weights(ref, 11);
     auto& rp = ref.parameters();
     const struct {
       const char* name;
-      std::function<backward_result(decoder_model<reference_backend<double>>&,
+      std::function<backward_result(llama_model<reference_backend<double>>&,
                                     const backward_options&)>
           on_reference;
       std::function<cli::cuda_grad_result(cli::cuda_grad_job&)> on_gpu;
@@ -251,7 +252,7 @@ TEST_SUITE("gpu") {
       CAPTURE(sgd);
       // the reference: float weights held in double, trained by train()
       reference_backend<double> rb;
-      decoder_model<reference_backend<double>> ref(rb, cfg);
+      llama_model<reference_backend<double>> ref(rb, cfg);
       auto host = float_weights(ref, 13);
       auto& rp = ref.parameters();
       const train_summary want = std::visit(
@@ -355,7 +356,7 @@ TEST_SUITE("gpu") {
       const std::size_t which = rule.index();  // 0 adam, 1 adamw
       CAPTURE(which);
       reference_backend<double> rb;
-      decoder_model<reference_backend<double>> ref(rb, cfg);
+      llama_model<reference_backend<double>> ref(rb, cfg);
       auto host = float_weights(ref, 13);
       auto& rp = ref.parameters();
       const train_summary want = std::visit(

@@ -18,6 +18,7 @@
 #include "tightfit/loss/dpo.hpp"
 #include "tightfit/loss/grpo.hpp"
 #include "tightfit/loss/sft.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 
 namespace tightfit::testing {
 
@@ -201,7 +202,7 @@ inline double max_grads_rel_diff(const std::vector<std::vector<double>>& a,
 }
 
 /// The weights every rank draws from the same seed.
-inline void seed_weights(decoder_model<reference_backend<double>>& model) {
+inline void seed_weights(llama_model<reference_backend<double>>& model) {
   model.init_random(7, 0.3, 0.2);
 }
 
@@ -214,7 +215,7 @@ struct union_result {
 inline union_result run_union(const model_config& cfg, const std::vector<const piece*>& pieces,
                               const objective_spec& spec, const backward_options& opt) {
   reference_backend<double> be;
-  decoder_model<reference_backend<double>> model(be, cfg);
+  llama_model<reference_backend<double>> model(be, cfg);
   seed_weights(model);
   const union_batch u(pieces);
   test_objective objective = make_objective(spec, u);

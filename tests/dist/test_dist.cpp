@@ -22,10 +22,12 @@
 #include "tightfit/dist/agreement.hpp"
 #include "tightfit/dist/data_parallel.hpp"
 #include "tightfit/dist/mpi_communicator.hpp"
-#include "tightfit/dist/zero1.hpp"
+#include "tightfit/dist/sequence_step.hpp"
+#include "tightfit/optim/zero1.hpp"
 #if defined(TIGHTFIT_TEST_IO)
 #include "tightfit/io/safetensors.hpp"
 #endif
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/optim/block_optimizer.hpp"
 #include "tightfit/optim/checkpoint.hpp"
 #include "tightfit/optim/train.hpp"
@@ -152,7 +154,7 @@ TEST_CASE("data parallel: every rank gets one process's gradient of the union ba
         const objective_spec spec{name, longest};
         const union_result want = run_union(cfg, union_pieces, spec, opts(sched));
         reference_backend<double> be;
-        decoder_model<reference_backend<double>> model(be, cfg);
+        llama_model<reference_backend<double>> model(be, cfg);
         seed_weights(model);
         std::vector<test_objective> objectives;
         for (auto& p : mine) objectives.push_back(make_objective(spec, p));
@@ -180,7 +182,7 @@ TEST_CASE("data parallel with a block optimizer's mask: only the active layer cr
   opt.head_grad = false;
   opt.embedding_grad = false;
   reference_backend<double> be;
-  decoder_model<reference_backend<double>> model(be, cfg);
+  llama_model<reference_backend<double>> model(be, cfg);
   seed_weights(model);
   sft_loss loss;
   data_parallel_stats st;
@@ -210,7 +212,7 @@ TEST_CASE("ZeRO-1 AdamW: 5 steps over the ranks equal one process on the union b
   // One process, the whole union batch, every parameter's state.
   using ref = reference_backend<double>;
   ref be1;
-  decoder_model<ref> one(be1, cfg);
+  llama_model<ref> one(be1, cfg);
   seed_weights(one);
   std::vector<std::size_t> ids(one.parameters().size());
   for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = i;
@@ -225,7 +227,7 @@ TEST_CASE("ZeRO-1 AdamW: 5 steps over the ranks equal one process on the union b
 
   // The ranks: each its own micro-batches, the state sharded.
   ref be;
-  decoder_model<ref> model(be, cfg);
+  llama_model<ref> model(be, cfg);
   seed_weights(model);
   for (std::size_t id : ids) model.parameters().allocate_grad(id);
   zero1_optimizer<ref, adamw_update_rule, mpi_communicator> zero(model.parameters(), ids, rule,
@@ -249,7 +251,7 @@ TEST_CASE("ZeRO-1 AdamW: 5 steps over the ranks equal one process on the union b
   CHECK(worst <= 1e-12);
   // The parameters moved (the comparison is not between two untouched models).
   const auto v = model.parameters().value(0);
-  decoder_model<ref> fresh(be, cfg);
+  llama_model<ref> fresh(be, cfg);
   seed_weights(fresh);
   CHECK(max_rel_diff(std::vector<double>(v.begin(), v.end()),
                      std::vector<double>(fresh.parameters().value(0).begin(),
@@ -283,9 +285,9 @@ TEST_CASE("BAdam and BREAD-SGD data parallel: 5 steps equal one process on the u
   auto run = [&](auto expansion, bool distributed) {
     using E = decltype(expansion);
     ref be;
-    decoder_model<ref> model(be, cfg);
+    llama_model<ref> model(be, cfg);
     seed_weights(model);
-    block_optimizer<ref, adam_update_rule, random_reshuffle, E> opt(
+    block_optimizer<llama_model<ref>, adam_update_rule, random_reshuffle, E> opt(
         model, block_partition::by_layer(model.parameters()), rule, random_reshuffle{}, expansion,
         k2);
     data_parallel_stats st;
@@ -316,7 +318,7 @@ TEST_CASE("BAdam and BREAD-SGD data parallel: 5 steps equal one process on the u
     CHECK(max_grads_rel_diff(dist, one) <= 1e-12);
     // The blocks trained moved (the comparison is not between untouched weights).
     ref be;
-    decoder_model<ref> initial(be, cfg);
+    llama_model<ref> initial(be, cfg);
     seed_weights(initial);
     double moved = 0;
     for (std::size_t i = 0; i < one.size(); ++i) {
@@ -340,7 +342,7 @@ token_dataset uneven_rows(index_t rows, index_t t, index_t vocab) {
   return token_dataset(rows, t, ids, labels);
 }
 
-std::vector<std::vector<double>> weights_of(decoder_model<reference_backend<double>>& m) {
+std::vector<std::vector<double>> weights_of(llama_model<reference_backend<double>>& m) {
   std::vector<std::vector<double>> out;
   for (std::size_t i = 0; i < m.parameters().size(); ++i) {
     const auto v = m.parameters().value(i);
@@ -368,10 +370,13 @@ struct trained {
   std::vector<double> losses, norms;
   std::vector<std::vector<double>> weights;
 };
-template <class Comm>
-trained train_with(Comm& comm, const std::string& optimizer, const model_config& cfg,
+/// train() with `gradients` (data_parallel_training or sequence_parallel_training over a
+/// communicator) and the optimizer named.
+template <class P>
+trained train_with(const P& gradients, const std::string& optimizer, const model_config& cfg,
                    const token_dataset& data, const train_options& options) {
   using ref = reference_backend<double>;
+  using Comm = std::remove_pointer_t<decltype(gradients.comm)>;
   adamw_update_rule adamw;
   adamw.lr = 2e-2;
   adam_update_rule adam;
@@ -382,29 +387,31 @@ trained train_with(Comm& comm, const std::string& optimizer, const model_config&
   sgd_expansion bread;
   bread.lr = 0.05;
   ref be;
-  decoder_model<ref> m(be, cfg);
+  llama_model<ref> m(be, cfg);
   seed_weights(m);
   trained out;
   auto record = [&](std::int64_t, const step_result& r) { out.norms.push_back(r.grad_norm); };
   const constant_schedule sched;
   if (optimizer == "adam") {
     auto opt = make_full_optimizer(m, adam, 0.0);
-    out.losses = train(comm, m, data, opt, sched, options, sft_loss{}, record).losses;
+    out.losses = train(gradients, m, data, opt, sched, options, sft_loss{}, record).losses;
   } else if (optimizer == "adamw") {
     if constexpr (std::is_same_v<Comm, mpi_communicator>) {
-      zero1_full_optimizer<ref, adamw_update_rule, mpi_communicator> opt(m, adamw, comm, 0.5);
-      out.losses = train(comm, m, data, opt, sched, options, sft_loss{}, record).losses;
+      zero1_full_optimizer<llama_model<ref>, adamw_update_rule, mpi_communicator> opt(
+          m, adamw, *gradients.comm, 0.5);
+      out.losses = train(gradients, m, data, opt, sched, options, sft_loss{}, record).losses;
     } else {
       auto opt = make_full_optimizer(m, adamw, 0.5);
-      out.losses = train(comm, m, data, opt, sched, options, sft_loss{}, record).losses;
+      out.losses = train(gradients, m, data, opt, sched, options, sft_loss{}, record).losses;
     }
   } else if (optimizer == "badam") {
-    block_optimizer<ref> opt(m, block_partition::by_layer(m.parameters()), adam, {}, {}, k2);
-    out.losses = train(comm, m, data, opt, sched, options, sft_loss{}, record).losses;
+    block_optimizer<llama_model<ref>> opt(m, block_partition::by_layer(m.parameters()), adam, {},
+                                          {}, k2);
+    out.losses = train(gradients, m, data, opt, sched, options, sft_loss{}, record).losses;
   } else {
-    block_optimizer<ref, adam_update_rule, random_reshuffle, sgd_expansion> opt(
+    block_optimizer<llama_model<ref>, adam_update_rule, random_reshuffle, sgd_expansion> opt(
         m, block_partition::by_layer(m.parameters()), adam, {}, bread, k2);
-    out.losses = train(comm, m, data, opt, sched, options, sft_loss{}, record).losses;
+    out.losses = train(gradients, m, data, opt, sched, options, sft_loss{}, record).losses;
   }
   out.weights = weights_of(m);
   return out;
@@ -412,12 +419,14 @@ trained train_with(Comm& comm, const std::string& optimizer, const model_config&
 
 /// train_with over the ranks (`dist`) against one process (`one`): losses, weights and (adamw)
 /// the clipped gradient norms equal to 1e-12; the clipping acted; the weights moved.
+template <class P>
 void expect_one_process_training(const std::string& optimizer, const model_config& cfg,
-                                 const token_dataset& data, const train_options& dist,
-                                 const train_options& one) {
+                                 const token_dataset& data, const P& over_ranks,
+                                 const train_options& dist, const train_options& one) {
   self_communicator self;
-  const trained a = train_with(self, optimizer, cfg, data, one);
-  const trained b = train_with(world(), optimizer, cfg, data, dist);
+  const trained a =
+      train_with(data_parallel_training<self_communicator>{&self}, optimizer, cfg, data, one);
+  const trained b = train_with(over_ranks, optimizer, cfg, data, dist);
   CHECK(max_losses_rel_diff(b.losses, a.losses) <= 1e-12);
   CHECK(max_grads_rel_diff(b.weights, a.weights) <= 1e-12);
   if (optimizer == "adamw") {
@@ -426,7 +435,7 @@ void expect_one_process_training(const std::string& optimizer, const model_confi
     CHECK(max_losses_rel_diff(b.norms, a.norms) <= 1e-12);
   }
   reference_backend<double> be;
-  decoder_model<reference_backend<double>> initial(be, cfg);
+  llama_model<reference_backend<double>> initial(be, cfg);
   seed_weights(initial);
   CHECK(max_grads_rel_diff(a.weights, weights_of(initial)) > 1e-3);  // trained
 }
@@ -451,7 +460,8 @@ TEST_CASE("train() over the ranks with grad_accum 2 equals one process on the un
     train_options u = o;
     u.batch = n * accum;
     u.grad_accum = 1;
-    expect_one_process_training(optimizer, cfg, data, o, u);
+    expect_one_process_training(optimizer, cfg, data,
+                                data_parallel_training<mpi_communicator>{&world()}, o, u);
   }
 }
 
@@ -471,13 +481,12 @@ TEST_CASE("train() sequence parallel with grad_accum 2 equals one process on the
       o.batch = 2;
       o.grad_accum = 2;
       o.backward = opts(backward_schedule::stream);
-      o.parallel = train_parallelism::sequence;
-      o.sequence.assignment = assignment;
       train_options u = o;
       u.batch = 4;
       u.grad_accum = 1;
-      u.parallel = train_parallelism::data;
-      expect_one_process_training(optimizer, cfg, data, o, u);
+      expect_one_process_training(
+          optimizer, cfg, data,
+          sequence_parallel_training<mpi_communicator>{&world(), {assignment}}, o, u);
     }
 }
 
@@ -487,7 +496,7 @@ TEST_CASE("ZeRO-1 save / resume: 4 steps equal 2, save (one file per rank), resu
   const model_config cfg = tiny_config(4, 2, true, false, 2);
   const token_dataset data = uneven_rows(9, 6, cfg.vocab_size);
   using ref = reference_backend<double>;
-  using zero1_t = zero1_full_optimizer<ref, adam_update_rule, mpi_communicator>;
+  using zero1_t = zero1_full_optimizer<llama_model<ref>, adam_update_rule, mpi_communicator>;
   adam_update_rule adam;
   adam.lr = 2e-2;
   train_options o;
@@ -496,7 +505,7 @@ TEST_CASE("ZeRO-1 save / resume: 4 steps equal 2, save (one file per rank), resu
   o.backward = opts(backward_schedule::stream);
   const cosine_schedule sched{1, 4};  // the schedule continues across the resume
   ref be_a;
-  decoder_model<ref> a(be_a, cfg);
+  llama_model<ref> a(be_a, cfg);
   seed_weights(a);
   zero1_t opt_a(a, adam, comm);
   o.steps = 4;
@@ -506,7 +515,7 @@ TEST_CASE("ZeRO-1 save / resume: 4 steps equal 2, save (one file per rank), resu
                             ("tightfit_zero1_" + std::to_string(::getpid()) + ".safetensors"))
                                .string();  // one file per rank: each process has its own pid
   ref be_b;
-  decoder_model<ref> b(be_b, cfg);
+  llama_model<ref> b(be_b, cfg);
   seed_weights(b);
   zero1_t opt_b(b, adam, comm);
   o.steps = 2;
@@ -517,7 +526,7 @@ TEST_CASE("ZeRO-1 save / resume: 4 steps equal 2, save (one file per rank), resu
     w.write(path);
   }
   ref be_c;
-  decoder_model<ref> c(be_c, cfg);
+  llama_model<ref> c(be_c, cfg);
   c.init_random(99, 0.3, 0.2);  // other weights: the checkpoint restores them
   zero1_t opt_c(c, adam, comm);
   const auto file = safetensors_file::open(path);
@@ -531,13 +540,14 @@ TEST_CASE("ZeRO-1 save / resume: 4 steps equal 2, save (one file per rank), resu
 
   // Another number of ranks, another rank's shard: errors naming both.
   self_communicator self;
-  zero1_full_optimizer<ref, adam_update_rule, self_communicator> alone(c, adam, self);
+  zero1_full_optimizer<llama_model<ref>, adam_update_rule, self_communicator> alone(c, adam, self);
   if (comm.size() != 1) {
     const std::string want =
         "saved by a run of " + std::to_string(comm.size()) + " ranks, this run has 1";
     CHECK_THROWS_WITH_AS(alone.load(file), doctest::Contains(want.c_str()), error);
   }
-  zero1_full_optimizer<ref, adamw_update_rule, mpi_communicator> other_rule(c, {}, comm);
+  zero1_full_optimizer<llama_model<ref>, adamw_update_rule, mpi_communicator> other_rule(c, {},
+                                                                                         comm);
   CHECK_THROWS_WITH_AS(other_rule.load(file), doctest::Contains("saved update rule is 'adam'"),
                        error);
   std::filesystem::remove(path);

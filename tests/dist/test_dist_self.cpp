@@ -15,6 +15,7 @@
 #include "tightfit/dist/self_communicator.hpp"
 #include "tightfit/dist/sequence_parallel.hpp"
 #include "tightfit/dist/sequence_step.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 
 using namespace tightfit;
 
@@ -118,7 +119,7 @@ TEST_CASE("step_gradients: N micro-batches give the gradient of their union (dou
       const union_result want = run_union(cfg, pieces, spec, opt);
 
       reference_backend<double> be;
-      decoder_model<reference_backend<double>> model(be, cfg);
+      llama_model<reference_backend<double>> model(be, cfg);
       seed_weights(model);
       std::vector<test_objective> objectives;
       for (const piece* p : pieces) objectives.push_back(make_objective(spec, *p));
@@ -144,7 +145,7 @@ TEST_CASE("negative control: micro-batches normalised each by itself miss the un
   const objective_spec spec{"sft"};
   const union_result want = run_union(cfg, {&a, &b}, spec, stream_opts(3));
   reference_backend<double> be;
-  decoder_model<reference_backend<double>> model(be, cfg);
+  llama_model<reference_backend<double>> model(be, cfg);
   seed_weights(model);
   double loss = 0;
   for (const piece* p : {&a, &b}) {
@@ -166,7 +167,7 @@ TEST_CASE("sequence parallel in one process (self_communicator): compute_gradien
       backward_options opt;
       opt.chunk = 2;
       reference_backend<double> be1, be2;
-      decoder_model<reference_backend<double>> one(be1, cfg), sp(be2, cfg);
+      llama_model<reference_backend<double>> one(be1, cfg), sp(be2, cfg);
       seed_weights(one);
       seed_weights(sp);
       test_objective o1 = make_objective({name, 0}, p), o2 = make_objective({name, 0}, p);
@@ -193,7 +194,7 @@ TEST_CASE("sequence_step_gradients in one process: micro-batches give their unio
     backward_options opt = stream_opts(2);
     const union_result want = run_union(cfg, {&a, &b}, spec, opt);
     reference_backend<double> be;
-    decoder_model<reference_backend<double>> model(be, cfg);
+    llama_model<reference_backend<double>> model(be, cfg);
     seed_weights(model);
     std::vector<test_objective> objectives{make_objective(spec, a), make_objective(spec, b)};
     self_communicator self;

@@ -734,9 +734,10 @@ TEST_CASE("save_gradients writes the gradients that exist under the parameter na
 
 #if __has_include("tightfit/nn/model.hpp") && __has_include("tightfit/backend/reference.hpp")
 #include "tightfit/backend/reference.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/model.hpp"
 
-TEST_CASE("decoder_model<reference_backend>: weights and gradients round trip by HF names") {
+TEST_CASE("llama_model<reference_backend>: weights and gradients round trip by HF names") {
   scratch_dir dir;
   for (const auto& [arch, tied] :
        {std::pair{"Qwen3ForCausalLM", false}, std::pair{"Qwen3ForCausalLM", true},
@@ -745,7 +746,7 @@ TEST_CASE("decoder_model<reference_backend>: weights and gradients round trip by
     CAPTURE(tied);
     const model_config c = tiny(arch, tied);
     reference_backend<double> be;
-    decoder_model<reference_backend<double>> a(be, c), b(be, c);
+    llama_model<reference_backend<double>> a(be, c), b(be, c);
     a.init_random(1, 0.02, 0.1);
     b.init_random(2, 0.02, 0.1);
     auto& pa = a.parameters();

@@ -11,6 +11,7 @@
 #include "support/testing.hpp"
 #include "tightfit/loss/dpo.hpp"
 #include "tightfit/loss/grpo.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/stream/forward.hpp"
 
 using namespace tightfit;
@@ -23,7 +24,7 @@ namespace {
 using ref = reference_backend<double>;
 
 /// Label log-probs with the logits of the whole batch materialised at once.
-std::vector<double> dense_logprobs(decoder_model<ref>& model, const random_batch& batch,
+std::vector<double> dense_logprobs(llama_model<ref>& model, const random_batch& batch,
                                    double tau = 1.0) {
   forward_options o;
   o.chunk = batch.seq_len;
@@ -138,7 +139,7 @@ template <class Make>
 void check_objective(const scenario& s, Make&& make,
                      const std::function<double(const std::vector<double>&)>& dense) {
   ref be;
-  decoder_model<ref> model(be, s.cfg);
+  llama_model<ref> model(be, s.cfg);
   model.init_random(5, 0.3, 0.2);
   const double dense_loss = dense(dense_logprobs(model, s.batch));
   std::vector<std::vector<double>> full_grads;
@@ -213,7 +214,7 @@ TEST_CASE("SFT mean, sum and caller normaliser") {
 TEST_CASE("GRPO: every aggregation, clipping branches, KL, old log-probs") {
   scenario s(random_batch(3, 9, 37, {9, 6, 8}, 31, 0.25));
   ref be;
-  decoder_model<ref> model(be, s.cfg);
+  llama_model<ref> model(be, s.cfg);
   model.init_random(5, 0.3, 0.2);
   const auto lp = dense_logprobs(model, s.batch);
   // old log-probs put r = exp(lp - old) inside, above and below [1 - 0.2, 1 + 0.28]
@@ -387,7 +388,7 @@ TEST_CASE("mask_truncated_completions drops every target of rows without a stop 
 TEST_CASE("DPO reference sums from a reference model's own forward") {
   const auto cfg = tiny_config(2, 1, false, false);
   ref be;
-  decoder_model<ref> policy(be, cfg), reference(be, cfg);
+  llama_model<ref> policy(be, cfg), reference(be, cfg);
   policy.init_random(1, 0.3);
   reference.init_random(2, 0.3);
   const random_batch b(4, 6, cfg.vocab_size, {}, 3, 0.0);
@@ -413,7 +414,7 @@ TEST_CASE("DPO reference sums from a reference model's own forward") {
 TEST_CASE("degenerate objective input: documented zeros or clear errors, never NaN") {
   const auto cfg = tiny_config(2, 1, false, false);
   ref be;
-  decoder_model<ref> model(be, cfg);
+  llama_model<ref> model(be, cfg);
   model.init_random(1, 0.3);
   random_batch all_ignored(2, 5, cfg.vocab_size, {}, 1, 1.0);
   backward_options o;
@@ -479,7 +480,7 @@ TEST_CASE(
     "a target in the padding never counts, whatever its label (the last valid position too)") {
   const auto cfg = tiny_config(2, 1, false, false);
   ref be;
-  decoder_model<ref> model(be, cfg);
+  llama_model<ref> model(be, cfg);
   model.init_random(3, 0.3);
   random_batch clean(2, 7, cfg.vocab_size, {5, 7}, 8, 0.0);
   // Row 0 is padded: its targets from position 4 on (position 4 predicts padding position 5)

@@ -46,6 +46,26 @@ void load_state_file(const std::filesystem::path& path, M& model, Opt& opt) {
   load_checkpoint(safetensors_file::open(path), model, opt);
 }
 
+/// C (m, n) = alpha * op(X) op(Y) with op(X) (m, k), op(Y) (k, n): plain loops (the tests' own
+/// arithmetic, independent of the backends).
+inline std::vector<double> matmul(const std::vector<double>& x, const std::vector<double>& y,
+                                  index_t m, index_t k, index_t n, bool tx, bool ty, double alpha) {
+  std::vector<double> c(static_cast<std::size_t>(m * n), 0.0);
+  for (index_t i = 0; i < m; ++i)
+    for (index_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (index_t q = 0; q < k; ++q) {
+        const double xv =
+            tx ? x[static_cast<std::size_t>(q * m + i)] : x[static_cast<std::size_t>(i * k + q)];
+        const double yv =
+            ty ? y[static_cast<std::size_t>(j * k + q)] : y[static_cast<std::size_t>(q * n + j)];
+        s += xv * yv;
+      }
+      c[static_cast<std::size_t>(i * n + j)] = alpha * s;
+    }
+  return c;
+}
+
 inline model_config config(index_t layers = 3) {
   return tightfit::testing::tiny_config(4, 2, true, false, layers);
 }

@@ -1,6 +1,6 @@
-// BAdam / BREAD: K steps per block, state freed on switch, truncated backward == full gradients
-// restricted to the active block, in-backward BREAD-SGD == gradients first then update,
-// BREAD-LoRA's adapter step, bad input.
+// BAdam: K steps per block, state freed on switch, truncated backward == full gradients
+// restricted to the active block, bad input. (BREAD-SGD and BREAD-LoRA, on every layer type:
+// test_any_model.cpp.)
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "optim_testing.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 
 using namespace tightfit;
 using optim_testing::max_diff;
@@ -39,9 +40,9 @@ TEST_CASE("exactly K steps per block, the first block included, in the policy's 
   const random_batch batch(1, 8, cfg.vocab_size, {}, 1);
   for (index_t k : {1, 2, 3}) {
     ref be;
-    decoder_model<ref> model(be, cfg);
+    llama_model<ref> model(be, cfg);
     model.init_random(7, 0.3);
-    block_optimizer<ref, adam_update_rule, descending_order> opt(
+    block_optimizer<llama_model<ref>, adam_update_rule, descending_order> opt(
         model, block_partition::by_layer(model.parameters()), {}, {}, {}, k_steps(k));
     CHECK(opt.active_block() == -1);
     std::vector<index_t> seen;
@@ -63,12 +64,12 @@ TEST_CASE("random order: every block once per pass of D*K steps") {
   const auto cfg = optim_testing::config(4);
   const random_batch batch(1, 6, cfg.vocab_size, {}, 1);
   ref be;
-  decoder_model<ref> model(be, cfg);
+  llama_model<ref> model(be, cfg);
   model.init_random(7, 0.3);
   block_options o = k_steps(2);
   o.seed = 99;
-  block_optimizer<ref> opt(model, block_partition::by_layer(model.parameters()), {},
-                           random_reshuffle{2}, {}, o);
+  block_optimizer<llama_model<ref>> opt(model, block_partition::by_layer(model.parameters()), {},
+                                        random_reshuffle{2}, {}, o);
   sft_loss loss;
   std::vector<index_t> seen;
   for (int s = 0; s < 24; ++s) seen.push_back(opt.step(batch.view(), loss, stream_opts()).block);
@@ -87,11 +88,12 @@ TEST_CASE("only the active block holds state and gradients; state freed on switc
   const auto cfg = optim_testing::config(3);
   const random_batch batch(2, 8, cfg.vocab_size, {8, 5}, 2);
   ref be;
-  decoder_model<ref> model(be, cfg);
+  llama_model<ref> model(be, cfg);
   model.init_random(7, 0.3);
   auto& params = model.parameters();
   const auto part = block_partition::by_layer(params, true, true);
-  block_optimizer<ref, adam_update_rule, ascending_order> opt(model, part, {}, {}, {}, k_steps(2));
+  block_optimizer<llama_model<ref>, adam_update_rule, ascending_order> opt(model, part, {}, {}, {},
+                                                                           k_steps(2));
   const std::size_t weights = be.memory().live();
   sft_loss loss;
   for (int s = 0; s < 10; ++s) {
@@ -114,7 +116,7 @@ TEST_CASE("truncated backward: the active block's gradients equal the full ones,
     const random_batch batch(2, 9, cfg.vocab_size, {9, 6}, 4);
     // Full gradients of the same weights.
     ref be_full;
-    decoder_model<ref> full(be_full, cfg);
+    llama_model<ref> full(be_full, cfg);
     full.init_random(7, 0.3, 0.2);
     sft_loss l0;
     const double full_loss = compute_gradients(full, batch.view(), l0, stream_opts()).loss;
@@ -124,11 +126,12 @@ TEST_CASE("truncated backward: the active block's gradients equal the full ones,
     const auto part = block_partition::by_layer(full.parameters(), true, true);
     for (std::size_t b = 0; b < part.size(); ++b) {
       ref be;
-      decoder_model<ref> model(be, cfg);
+      llama_model<ref> model(be, cfg);
       model.init_random(7, 0.3, 0.2);
       adam_update_rule frozen_lr;
       frozen_lr.lr = 0;  // keep the weights: only the gradient is inspected
-      block_optimizer<ref> opt(model, part, frozen_lr, random_reshuffle{static_cast<index_t>(b)});
+      block_optimizer<llama_model<ref>> opt(model, part, frozen_lr,
+                                            random_reshuffle{static_cast<index_t>(b)});
       sft_loss loss;
       const auto r = opt.step(batch.view(), loss, stream_opts());
       CAPTURE(tied);
@@ -155,168 +158,28 @@ TEST_CASE("truncated backward: the active block's gradients equal the full ones,
   }
 }
 
-TEST_CASE("BREAD-SGD in the backward equals computing every gradient first, then updating") {
-  const auto cfg = optim_testing::config(4);
-  const random_batch batch(2, 8, cfg.vocab_size, {8, 7}, 5);
-  for (auto scope : {expansion_scope::partial, expansion_scope::all})
-    for (bool sign : {false, true})
-      for (index_t active : {0, 2, 3}) {
-        CAPTURE(active);
-        CAPTURE(sign);
-        sgd_expansion e;
-        e.lr = 0.05;
-        e.use_sign = sign;
-        e.scope = scope;
-        adam_update_rule rule;
-        rule.lr = 0.01;
-        ref be;
-        decoder_model<ref> model(be, cfg);
-        model.init_random(7, 0.3, 0.2);
-        block_optimizer<ref, adam_update_rule, fixed_order, sgd_expansion> opt(
-            model, block_partition::by_layer(model.parameters()), rule, fixed_order{active}, e);
-        sft_loss loss;
-        // Only one inactive layer's gradient exists at any time inside the backward.
-        std::size_t most = 0;
-        auto o = stream_opts();
-        o.on_grads_ready = [&](const grads_ready&) {
-          std::size_t n = 0;
-          for (index_t l = 0; l < 4; ++l)
-            if (l != active && model.parameters().has_grad(model.layer_param_ids(l).front())) ++n;
-          most = std::max(most, n);
-        };
-        opt.step(batch.view(), loss, o);
-        CHECK(most <= 1);
-
-        // Oracle: all gradients, then SGD on the expanded layers and Adam on the active one.
-        ref be2;
-        decoder_model<ref> oracle(be2, cfg);
-        oracle.init_random(7, 0.3, 0.2);
-        sft_loss l2;
-        compute_gradients(oracle, batch.view(), l2, stream_opts());
-        auto& p2 = oracle.parameters();
-        for (index_t l = 0; l < 4; ++l) {
-          const bool expanded = l != active && (scope == expansion_scope::all || l > active);
-          for (auto id : oracle.layer_param_ids(l)) {
-            if (l == active) {
-              std::vector<double> m(static_cast<std::size_t>(p2.numel(id))), v(m.size());
-              adam_hyper<double> h;
-              h.lr = 0.01;
-              be2.adam_update(p2.value(id), std::span<const double>(p2.grad(id)),
-                              std::span<double>(m), std::span<double>(v), h);
-            } else if (expanded) {
-              sgd_hyper<double> h;
-              h.lr = 0.05;
-              h.use_sign = sign;
-              be2.sgd_update(p2.value(id), std::span<const double>(p2.grad(id)), {}, h);
-            }
-          }
-        }
-        CHECK(max_diff(values_of(model.parameters()), values_of(p2)) < 1e-13);
-        // and something did move
-        CHECK(max_diff(values_of(model.parameters()), [&] {
-                ref be3;
-                decoder_model<ref> m3(be3, cfg);
-                m3.init_random(7, 0.3, 0.2);
-                return values_of(m3.parameters());
-              }()) > 1e-6);
-      }
-}
-
-TEST_CASE("BREAD-LoRA: dU = s dW V^T on the first step, W_eff moves by s U'V, merge restarts") {
-  const auto cfg = optim_testing::config(3);
-  const random_batch batch(1, 8, cfg.vocab_size, {}, 6);
-  lora_expansion e;
-  e.rank = 2;
-  e.lr = 1e-3;
-  e.scale = 0.5;
-  e.loraplus_ratio = 4;
-  ref be;
-  decoder_model<ref> model(be, cfg);
-  model.init_random(7, 0.3, 0.2);
-  adam_update_rule frozen;
-  frozen.lr = 0;
-  block_optimizer<ref, adam_update_rule, fixed_order, lora_expansion> opt(
-      model, block_partition::by_layer(model.parameters()), frozen, fixed_order{0}, e);
-  auto& params = model.parameters();
-  // adapters: 3 layers x 7 matrices, U (out, 2) and V (2, in), each with two moments
-  std::size_t adapter_scalars = 0;
-  for (index_t l = 0; l < 3; ++l)
-    for (auto id : model.layer_param_ids(l))
-      if (params.shape(id).size() == 2)
-        adapter_scalars +=
-            static_cast<std::size_t>(2 * (params.shape(id)[0] + params.shape(id)[1]));
-  CHECK(opt.expansion().bytes() == 3 * adapter_scalars * sizeof(double));
-
-  const auto v0 = opt.expansion().adapters(2);
-  for (const auto& [u, v] : v0) {
-    CHECK(std::all_of(u.begin(), u.end(), [](double x) { return x == 0; }));
-    CHECK(std::any_of(v.begin(), v.end(), [](double x) { return x != 0; }));
-  }
-  const auto w0 = values_of(params);
-  ref be2;
-  decoder_model<ref> oracle(be2, cfg);
-  oracle.init_random(7, 0.3, 0.2);
-  sft_loss l2;
-  compute_gradients(oracle, batch.view(), l2, stream_opts());
-  sft_loss loss;
-  opt.step(batch.view(), loss, stream_opts());
-  const auto w1 = values_of(params);
-  const auto v1 = opt.expansion().adapters(2);
-  std::size_t k = 0;
-  for (auto id : model.layer_param_ids(2)) {
-    if (params.shape(id).size() != 2) continue;
-    const index_t out = params.shape(id)[0], in = params.shape(id)[1];
-    const auto& v = v0[k].second;
-    const auto& u1 = v1[k].first;
-    CHECK(v1[k].second == v);  // dV = U^T dW = 0 at U = 0
-    const auto g = oracle.parameters().grad(id);
-    for (index_t i = 0; i < out; ++i)
-      for (index_t j = 0; j < 2; ++j) {
-        double du = 0;
-        for (index_t c = 0; c < in; ++c)
-          du += 0.5 * g[static_cast<std::size_t>(i * in + c)] *
-                v[static_cast<std::size_t>(j * in + c)];
-        // Adam's first step moves by lr * ratio * du / (|du| + eps)
-        const double want = -1e-3 * 4 * du / (std::abs(du) + 1e-8);
-        CHECK(u1[static_cast<std::size_t>(i * 2 + j)] == doctest::Approx(want).epsilon(1e-9));
-      }
-    for (index_t i = 0; i < out; ++i)
-      for (index_t c = 0; c < in; ++c) {
-        double uv = 0;
-        for (index_t j = 0; j < 2; ++j)
-          uv += u1[static_cast<std::size_t>(i * 2 + j)] * v[static_cast<std::size_t>(j * in + c)];
-        const auto at = static_cast<std::size_t>(i * in + c);
-        CHECK(w1[id][at] - w0[id][at] == doctest::Approx(0.5 * uv).epsilon(1e-9).scale(1e-6));
-      }
-    ++k;
-  }
-  CHECK(max_diff({w1[model.layer_param_ids(0)[1]]}, {w0[model.layer_param_ids(0)[1]]}) == 0);
-  opt.expansion().merge();
-  CHECK(max_diff(values_of(params), w1) == 0);  // W already holds the merged weights
-  for (const auto& [u, v] : opt.expansion().adapters(2))
-    CHECK(std::all_of(u.begin(), u.end(), [](double x) { return x == 0; }));
-}
-
 TEST_CASE("bad input: K = 0, unknown block, mismatched partition or saved state") {
   const auto cfg = optim_testing::config(2);
   ref be;
-  decoder_model<ref> model(be, cfg);
+  llama_model<ref> model(be, cfg);
   const auto part = block_partition::by_layer(model.parameters());
-  using opt_t = block_optimizer<ref>;
+  using opt_t = block_optimizer<llama_model<ref>>;
   CHECK_THROWS_WITH_AS(opt_t(model, part, {}, {}, {}, k_steps(0)),
                        doctest::Contains("switch_every (K) is 0, expected >= 1"), error);
-  CHECK_THROWS_WITH_AS((block_optimizer<ref, adam_update_rule, fixed_order>(model, part)),
-                       doctest::Contains("no start block"), error);
+  CHECK_THROWS_WITH_AS(
+      (block_optimizer<llama_model<ref>, adam_update_rule, fixed_order>(model, part)),
+      doctest::Contains("no start block"), error);
   CHECK_THROWS_WITH_AS(opt_t(model, part, {}, random_reshuffle{5}),
                        doctest::Contains("start block is 5"), error);
   CHECK_THROWS_WITH_AS(part.index_of("layer.7"), doctest::Contains("unknown block name 'layer.7'"),
                        error);
   ref be2;
-  decoder_model<ref> other(be2, optim_testing::config(3));
+  llama_model<ref> other(be2, optim_testing::config(3));
   CHECK_THROWS_WITH_AS(opt_t(other, part), doctest::Contains("the partition covers"), error);
   lora_expansion big;
   big.rank = 100;
-  CHECK_THROWS_WITH_AS((block_optimizer<ref, adam_update_rule, random_reshuffle, lora_expansion>(
-                           model, part, {}, {}, big)),
-                       doctest::Contains("rank is 100"), error);
+  CHECK_THROWS_WITH_AS(
+      (block_optimizer<llama_model<ref>, adam_update_rule, random_reshuffle, lora_expansion>(
+          model, part, {}, {}, big)),
+      doctest::Contains("rank is 100"), error);
 }

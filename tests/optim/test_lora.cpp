@@ -16,12 +16,14 @@
 
 #include "optim_testing.hpp"
 #include "tightfit/backend/meta.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/lora.hpp"
 #include "tightfit/nn/peft.hpp"
 #include "tightfit/optim/lora_optimizer.hpp"
 #include "tightfit/optim/train.hpp"
 
 using namespace tightfit;
+using optim_testing::matmul;
 using optim_testing::ref;
 using tightfit::testing::max_rel_diff;
 using tightfit::testing::random_batch;
@@ -65,25 +67,6 @@ void set_host(parameter_set<B>& p, std::size_t i, const std::vector<double>& h) 
   std::copy(h.begin(), h.end(), p.value(i).begin());
 }
 
-/// C (m, n) = alpha * X (m, k) Y (k, n), plain loops (the test's own arithmetic).
-std::vector<double> matmul(const std::vector<double>& x, const std::vector<double>& y, index_t m,
-                           index_t k, index_t n, bool tx, bool ty, double alpha) {
-  std::vector<double> c(static_cast<std::size_t>(m * n), 0.0);
-  for (index_t i = 0; i < m; ++i)
-    for (index_t j = 0; j < n; ++j) {
-      double s = 0;
-      for (index_t q = 0; q < k; ++q) {
-        const double xv =
-            tx ? x[static_cast<std::size_t>(q * m + i)] : x[static_cast<std::size_t>(i * k + q)];
-        const double yv =
-            ty ? y[static_cast<std::size_t>(j * k + q)] : y[static_cast<std::size_t>(q * n + j)];
-        s += xv * yv;
-      }
-      c[static_cast<std::size_t>(i * n + j)] = alpha * s;
-    }
-  return c;
-}
-
 model_config lora_test_config(bool biases) {
   auto c = tightfit::testing::tiny_config(4, 2, true, false, 3);
   c.qkv_bias = biases;
@@ -94,7 +77,7 @@ model_config lora_test_config(bool biases) {
 
 /// Random B (A is PEFT-initialised; B = 0 would make dA zero and the test weak).
 template <class B>
-void randomise_b(lora_adapters<B>& lora, std::uint64_t seed) {
+void randomise_b(lora_adapters<llama_model<B>>& lora, std::uint64_t seed) {
   std::mt19937_64 gen(seed);
   std::normal_distribution<double> dist(0.0, 0.3);
   auto& ap = lora.parameters();
@@ -134,13 +117,13 @@ TEST_CASE("LoRA gradients equal those of the merged weight W0 + s B A, every sch
 
         // The LoRA model: adapter gradients only.
         ref be;
-        decoder_model<ref> model(be, cfg);
+        llama_model<ref> model(be, cfg);
         model.init_random(3, 0.3, 0.2);
-        lora_adapters<ref> lora(model, lc);
+        lora_adapters<llama_model<ref>> lora(model, lc);
         randomise_b(lora, 17);
         auto& ap = lora.parameters();
         for (std::size_t i = 0; i < ap.size(); ++i) ap.allocate_grad(i);
-        lora_optimizer<ref> lopt(lora);
+        lora_optimizer<llama_model<ref>> lopt(lora);
         sft_loss loss;
         const auto r = compute_gradients(model, batch.view(), loss,
                                          lopt.lora_backward_options(schedule_opts(sched)));
@@ -149,7 +132,7 @@ TEST_CASE("LoRA gradients equal those of the merged weight W0 + s B A, every sch
 
         // The merged model, plain backprop of every parameter.
         ref be_m;
-        decoder_model<ref> merged(be_m, cfg);
+        llama_model<ref> merged(be_m, cfg);
         merged.init_random(3, 0.3, 0.2);
         const double s = lc.scale();
         CHECK(s == doctest::Approx(5.0 / 3.0));
@@ -206,7 +189,7 @@ TEST_CASE("LoRA runs no base-weight gradient GEMM (counted), every schedule") {
     CAPTURE(to_string(sched));
     spy_backend plain_be;
     plain_be.rank = 3;
-    decoder_model<spy_backend> plain(plain_be, cfg);
+    llama_model<spy_backend> plain(plain_be, cfg);
     plain.init_random(3, 0.3, 0.2);
     for (std::size_t i = 0; i < plain.parameters().size(); ++i)
       if (plain.parameters().shape(i).size() == 2)
@@ -225,15 +208,15 @@ TEST_CASE("LoRA runs no base-weight gradient GEMM (counted), every schedule") {
     spy_backend lora_be;
     lora_be.rank = 3;
     lora_be.weight_shapes = plain_be.weight_shapes;
-    decoder_model<spy_backend> model(lora_be, cfg);
+    llama_model<spy_backend> model(lora_be, cfg);
     model.init_random(3, 0.3, 0.2);
     lora_config lc;
     lc.rank = 3;
     lc.alpha = 6;
     lc.target_modules = {"all-linear"};
-    lora_adapters<spy_backend> lora(model, lc);
+    lora_adapters<llama_model<spy_backend>> lora(model, lc);
     randomise_b(lora, 4);
-    lora_optimizer<spy_backend> lopt(lora);
+    lora_optimizer<llama_model<spy_backend>> lopt(lora);
     lora_be.reset_counts();
     sft_loss loss_l;
     lopt.step(batch.view(), loss_l, schedule_opts(sched));
@@ -251,7 +234,7 @@ TEST_CASE("LoRA merge: W0 + s B A, same loss; rsLoRA scale; bad configurations")
   const auto cfg = lora_test_config(true);
   const random_batch batch(1, 8, cfg.vocab_size, {}, 9);
   ref be;
-  decoder_model<ref> model(be, cfg);
+  llama_model<ref> model(be, cfg);
   model.init_random(3, 0.3, 0.2);
   lora_config lc;
   lc.rank = 2;
@@ -259,7 +242,7 @@ TEST_CASE("LoRA merge: W0 + s B A, same loss; rsLoRA scale; bad configurations")
   lc.use_rslora = true;
   lc.target_modules = {"q_proj", "down_proj"};
   CHECK(lc.scale() == doctest::Approx(4.0 / std::sqrt(2.0)));
-  lora_adapters<ref> lora(model, lc);
+  lora_adapters<llama_model<ref>> lora(model, lc);
   randomise_b(lora, 8);
   std::vector<std::vector<double>> w0;
   for (std::size_t i = 0; i < model.parameters().size(); ++i)
@@ -312,12 +295,12 @@ TEST_CASE("LoRA merge: W0 + s B A, same loss; rsLoRA scale; bad configurations")
 TEST_CASE("LoRA initialisation: PEFT's (A uniform in 1/sqrt(in), B zero), seeded") {
   const auto cfg = lora_test_config(false);
   ref be;
-  decoder_model<ref> model(be, cfg);
+  llama_model<ref> model(be, cfg);
   lora_config lc;
   lc.rank = 4;
   lc.target_modules = {"all-linear"};
   lc.seed = 5;
-  lora_adapters<ref> a(model, lc);
+  lora_adapters<llama_model<ref>> a(model, lc);
   auto& ap = a.parameters();
   CHECK(ap.size() == 3 * 7 * 2);
   CHECK(ap.name(0) == "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
@@ -348,17 +331,17 @@ TEST_CASE("LoRA peak bytes: a dry run on meta_backend equals the measured peak")
        {backward_schedule::full, backward_schedule::checkpoint, backward_schedule::stream}) {
     CAPTURE(to_string(sched));
     ref be;
-    decoder_model<ref> model(be, cfg);
+    llama_model<ref> model(be, cfg);
     model.init_random(3, 0.3, 0.2);
-    lora_adapters<ref> lora(model, lc);
-    lora_optimizer<ref> opt(lora);
+    lora_adapters<llama_model<ref>> lora(model, lc);
+    lora_optimizer<llama_model<ref>> opt(lora);
     sft_loss loss;
     const auto measured = opt.step(batch.view(), loss, schedule_opts(sched)).backward;
 
     meta_backend<double> dry_be;
-    decoder_model<meta_backend<double>> dry(dry_be, cfg);
-    lora_adapters<meta_backend<double>> dry_lora(dry, lc);
-    lora_optimizer<meta_backend<double>> dry_opt(dry_lora);
+    llama_model<meta_backend<double>> dry(dry_be, cfg);
+    lora_adapters<llama_model<meta_backend<double>>> dry_lora(dry, lc);
+    lora_optimizer<llama_model<meta_backend<double>>> dry_opt(dry_lora);
     sft_loss dry_loss;
     const auto predicted = dry_opt.step(batch.view(), dry_loss, schedule_opts(sched)).backward;
     CHECK(predicted.peak_activation_bytes == measured.peak_activation_bytes);
@@ -370,7 +353,7 @@ TEST_CASE("LoRA peak bytes: a dry run on meta_backend equals the measured peak")
 TEST_CASE("LoRA training: train() with AdamW on the adapters lowers the loss, base frozen") {
   const auto cfg = optim_testing::config(3);
   ref be;
-  decoder_model<ref> model(be, cfg);
+  llama_model<ref> model(be, cfg);
   model.init_random(5, 0.1);
   std::vector<std::vector<double>> base;
   for (std::size_t i = 0; i < model.parameters().size(); ++i)
@@ -385,10 +368,10 @@ TEST_CASE("LoRA training: train() with AdamW on the adapters lowers the loss, ba
   lc.rank = 4;
   lc.alpha = 8;
   lc.target_modules = {"all-linear"};
-  lora_adapters<ref> lora(model, lc);
+  lora_adapters<llama_model<ref>> lora(model, lc);
   adamw_update_rule w;
   w.lr = 0.02;
-  lora_optimizer<ref> opt(lora, w, 1.0);
+  lora_optimizer<llama_model<ref>> opt(lora, w, 1.0);
   train_options o;
   o.steps = 30;
   o.batch = 2;
@@ -404,13 +387,13 @@ TEST_CASE("LoRA training: train() with AdamW on the adapters lowers the loss, ba
   }
   // gradient accumulation over 2 micro-batches of 1 row == one batch of 2 rows (1e-12)
   ref be2;
-  decoder_model<ref> m1(be2, cfg), m2(be2, cfg);
+  llama_model<ref> m1(be2, cfg), m2(be2, cfg);
   m1.init_random(5, 0.1);
   m2.init_random(5, 0.1);
-  lora_adapters<ref> l1(m1, lc), l2(m2, lc);
+  lora_adapters<llama_model<ref>> l1(m1, lc), l2(m2, lc);
   randomise_b(l1, 3);
   randomise_b(l2, 3);
-  lora_optimizer<ref> o1(l1, w), o2(l2, w);
+  lora_optimizer<llama_model<ref>> o1(l1, w), o2(l2, w);
   train_options one = o, acc = o;
   one.steps = acc.steps = 3;
   acc.batch = 1;
@@ -426,12 +409,12 @@ TEST_CASE("LoRA training: train() with AdamW on the adapters lowers the loss, ba
 TEST_CASE("LoRA PEFT files: save, load into fresh adapters, refuse a different configuration") {
   const auto cfg = lora_test_config(false);
   ref be;
-  decoder_model<ref> model(be, cfg);
+  llama_model<ref> model(be, cfg);
   lora_config lc;
   lc.rank = 2;
   lc.alpha = 3;
   lc.target_modules = {"v_proj", "gate_proj"};
-  lora_adapters<ref> lora(model, lc);
+  lora_adapters<llama_model<ref>> lora(model, lc);
   randomise_b(lora, 21);
   const auto dir =
       std::filesystem::temp_directory_path() / ("tightfit_lora_" + std::to_string(::getpid()));
@@ -441,18 +424,18 @@ TEST_CASE("LoRA PEFT files: save, load into fresh adapters, refuse a different c
   CHECK(back.alpha == 3);
   CHECK(back.projections() == lora.targets());
   ref be2;
-  decoder_model<ref> model2(be2, cfg);
+  llama_model<ref> model2(be2, cfg);
   lora_config other = back;
   other.seed = 99;  // a different initialisation, overwritten by the load
-  lora_adapters<ref> lora2(model2, other);
+  lora_adapters<llama_model<ref>> lora2(model2, other);
   load_peft_adapter(dir, lora2);
   for (std::size_t i = 0; i < lora.parameters().size(); ++i)
     CHECK(host(lora2.parameters(), i) == host(lora.parameters(), i));
   ref be3;
-  decoder_model<ref> model3(be3, cfg);
+  llama_model<ref> model3(be3, cfg);
   lora_config wrong = back;
   wrong.rank = 4;
-  lora_adapters<ref> lora3(model3, wrong);
+  lora_adapters<llama_model<ref>> lora3(model3, wrong);
   CHECK_THROWS_WITH_AS(load_peft_adapter(dir, lora3), doctest::Contains("r is 2"), error);
   // a dropout the backward cannot honour is refused, naming the file
   {

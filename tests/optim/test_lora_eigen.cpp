@@ -8,6 +8,7 @@
 
 #include "optim_testing.hpp"
 #include "tightfit/backend/eigen.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/lora.hpp"
 #include "tightfit/optim/lora_optimizer.hpp"
 
@@ -22,13 +23,13 @@ template <class B>
 std::vector<std::vector<double>> lora_grads(const model_config& cfg, const random_batch& batch,
                                             backward_schedule sched, double* loss_out) {
   B be;
-  decoder_model<B> model(be, cfg);
+  llama_model<B> model(be, cfg);
   model.init_random(3, 0.3, 0.2);
   lora_config lc;
   lc.rank = 3;
   lc.alpha = 6;
   lc.target_modules = {"all-linear"};
-  lora_adapters<B> lora(model, lc);
+  lora_adapters<llama_model<B>> lora(model, lc);
   std::mt19937_64 gen(8);
   std::normal_distribution<double> dist(0.0, 0.3);
   auto& ap = lora.parameters();
@@ -36,7 +37,7 @@ std::vector<std::vector<double>> lora_grads(const model_config& cfg, const rando
     if (ap.name(i).find("lora_B") != std::string::npos)
       for (auto& x : ap.value(i)) x = dist(gen);
   for (std::size_t i = 0; i < ap.size(); ++i) ap.allocate_grad(i);
-  lora_optimizer<B> opt(lora);
+  lora_optimizer<llama_model<B>> opt(lora);
   backward_options o;
   o.sched = sched;
   o.chunk = 5;

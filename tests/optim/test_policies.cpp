@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "optim_testing.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 
 using namespace tightfit;
 using optim_testing::ref;
@@ -75,7 +76,7 @@ TEST_CASE("random reshuffling: a fresh permutation per pass, seeded, start block
 
 TEST_CASE("partition by layer: embedding and head only when asked") {
   ref be;
-  decoder_model<ref> model(be, optim_testing::config(3));
+  llama_model<ref> model(be, optim_testing::config(3));
   const auto& params = model.parameters();
   const auto p = block_partition::by_layer(params);
   REQUIRE(p.size() == 3);
@@ -157,7 +158,7 @@ TEST_CASE("AdamW decays matrices only; rule state is 2x the owned parameters for
   CHECK_FALSE(decays("model.layers.0.self_attn.q_norm.weight", 1));
   CHECK_FALSE(decays("x.bias", 2));
   ref be;
-  decoder_model<ref> model(be, optim_testing::config(2));
+  llama_model<ref> model(be, optim_testing::config(2));
   auto& params = model.parameters();
   const auto ids = model.layer_param_ids(1);
   index_t n = 0;
@@ -187,7 +188,7 @@ TEST_CASE("AdamW decays matrices only; rule state is 2x the owned parameters for
 
 TEST_CASE("AdamW step equals the kernel with decay on matrices and none on norms") {
   ref be;
-  decoder_model<ref> model(be, optim_testing::config(1));
+  llama_model<ref> model(be, optim_testing::config(1));
   model.init_random(3, 0.3, 0.2);
   auto& params = model.parameters();
   const auto ids = model.layer_param_ids(0);

@@ -21,6 +21,7 @@
 
 #include "optim_testing.hpp"
 #include "tightfit/backend/eigen.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/hf_model.hpp"
 #include "tightfit/optim/checkpoint.hpp"
 
@@ -145,7 +146,7 @@ void check_resume(Make make, int first, int second, const mutation_list& mutatio
   sft_loss loss;
 
   fb be_a(deterministic_options());
-  decoder_model<fb> a(be_a, cfg);
+  llama_model<fb> a(be_a, cfg);
   a.init_random(7, 0.3, 0.2);
   auto opt_a = make(a);
   for (int s = 0; s < first; ++s) opt_a.step(batches[s].view(), loss, stream_opts());
@@ -156,7 +157,7 @@ void check_resume(Make make, int first, int second, const mutation_list& mutatio
   // Restores `path` (optimizer state too unless weights_only) into a fresh run and continues.
   auto resumed = [&](const fs::path& path, bool weights_only) {
     fb be(deterministic_options());
-    decoder_model<fb> m(be, cfg);
+    llama_model<fb> m(be, cfg);
     m.init_random(99, 0.3, 0.2);  // other weights: the restore must replace them
     auto opt = make(m);
     if (weights_only)
@@ -213,9 +214,9 @@ mutation_list mutations() {
 // 4 layers, K = 2: a pass is 8 steps; saving after 5 steps and running 6 more crosses a pass
 // boundary, so the resumed run draws a fresh permutation from the restored generator.
 TEST_CASE("eigen float resume: BAdam (random order) continues bit for bit") {
-  using opt_t = block_optimizer<fb>;
+  using opt_t = block_optimizer<llama_model<fb>>;
   check_resume(
-      [](decoder_model<fb>& m) {
+      [](llama_model<fb>& m) {
         adam_update_rule r;
         r.lr = 0.01;
         return opt_t(m, block_partition::by_layer(m.parameters()), r, {}, {}, opts(2));
@@ -224,9 +225,9 @@ TEST_CASE("eigen float resume: BAdam (random order) continues bit for bit") {
 }
 
 TEST_CASE("eigen float resume: BREAD-SGD (all inactive layers, random order) bit for bit") {
-  using opt_t = block_optimizer<fb, adam_update_rule, random_reshuffle, sgd_expansion>;
+  using opt_t = block_optimizer<llama_model<fb>, adam_update_rule, random_reshuffle, sgd_expansion>;
   check_resume(
-      [](decoder_model<fb>& m) {
+      [](llama_model<fb>& m) {
         adam_update_rule r;
         r.lr = 0.01;
         sgd_expansion e;
@@ -239,7 +240,8 @@ TEST_CASE("eigen float resume: BREAD-SGD (all inactive layers, random order) bit
 
 // 6 blocks (embedding and head too): a pass is 12 steps, crossed between steps 9 and 15.
 TEST_CASE("eigen float resume: BREAD-LoRA (adapters and their Adam state) bit for bit") {
-  using opt_t = block_optimizer<fb, adamw_update_rule, random_reshuffle, lora_expansion>;
+  using opt_t =
+      block_optimizer<llama_model<fb>, adamw_update_rule, random_reshuffle, lora_expansion>;
   auto extra = mutations();
   extra.emplace_back("adapter moments zeroed", [](const fs::path& from, const fs::path& to) {
     tamper(from, to,
@@ -250,7 +252,7 @@ TEST_CASE("eigen float resume: BREAD-LoRA (adapters and their Adam state) bit fo
            {});
   });
   check_resume(
-      [](decoder_model<fb>& m) {
+      [](llama_model<fb>& m) {
         adamw_update_rule r;
         r.lr = 0.01;
         lora_expansion e;

@@ -9,6 +9,7 @@
 
 #include "optim_testing.hpp"
 #include "tightfit/io/token_file.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/optim/callbacks.hpp"
 #include "tightfit/optim/checkpoint.hpp"
 #include "tightfit/optim/train.hpp"
@@ -41,7 +42,7 @@ void check_resume(Make make, int first, int second) {
     batches.emplace_back(1, 8, cfg.vocab_size, std::vector<index_t>{}, 100 + s);
   const auto path = temp_file("resume.safetensors");
   ref be_a;
-  decoder_model<ref> a(be_a, cfg);
+  llama_model<ref> a(be_a, cfg);
   a.init_random(7, 0.3, 0.2);
   auto opt_a = make(a);
   sft_loss loss;
@@ -50,7 +51,7 @@ void check_resume(Make make, int first, int second) {
   for (int s = first; s < first + second; ++s) opt_a.step(batches[s].view(), loss, stream_opts());
 
   ref be_b;
-  decoder_model<ref> b(be_b, cfg);
+  llama_model<ref> b(be_b, cfg);
   b.init_random(99, 0.3, 0.2);  // other weights: the checkpoint must restore them
   auto opt_b = make(b);
   optim_testing::load_state_file(path, b, opt_b);
@@ -85,8 +86,8 @@ block_options opts(index_t k, std::uint64_t seed = 3) {
 }  // namespace
 
 TEST_CASE("resume: BAdam with random order continues bit for bit (mid-block and at a switch)") {
-  using opt_t = block_optimizer<ref>;
-  auto make = [](decoder_model<ref>& m) {
+  using opt_t = block_optimizer<llama_model<ref>>;
+  auto make = [](llama_model<ref>& m) {
     return opt_t(m, block_partition::by_layer(m.parameters()), {}, {}, {}, opts(2));
   };
   check_resume<opt_t>(make, 3, 5);  // saved mid-block
@@ -94,18 +95,20 @@ TEST_CASE("resume: BAdam with random order continues bit for bit (mid-block and 
 }
 
 TEST_CASE("resume: BREAD-LoRA (adapter state) and BREAD-SGD continue bit for bit") {
-  using lora_t = block_optimizer<ref, adamw_update_rule, random_reshuffle, lora_expansion>;
+  using lora_t =
+      block_optimizer<llama_model<ref>, adamw_update_rule, random_reshuffle, lora_expansion>;
   check_resume<lora_t>(
-      [](decoder_model<ref>& m) {
+      [](llama_model<ref>& m) {
         lora_expansion e;
         e.rank = 2;
         e.scope = expansion_scope::all;
         return lora_t(m, block_partition::by_layer(m.parameters(), true, true), {}, {}, e, opts(2));
       },
       3, 4);
-  using sgd_t = block_optimizer<ref, adam_update_rule, descending_order, sgd_expansion>;
+  using sgd_t =
+      block_optimizer<llama_model<ref>, adam_update_rule, descending_order, sgd_expansion>;
   check_resume<sgd_t>(
-      [](decoder_model<ref>& m) {
+      [](llama_model<ref>& m) {
         return sgd_t(m, block_partition::by_layer(m.parameters()), {}, {}, {}, opts(2));
       },
       2, 3);
@@ -114,15 +117,16 @@ TEST_CASE("resume: BREAD-LoRA (adapter state) and BREAD-SGD continue bit for bit
 TEST_CASE("load refuses a state saved by another optimizer") {
   const auto cfg = optim_testing::config(2);
   ref be;
-  decoder_model<ref> m(be, cfg);
-  block_optimizer<ref> badam(m, block_partition::by_layer(m.parameters()));
+  llama_model<ref> m(be, cfg);
+  block_optimizer<llama_model<ref>> badam(m, block_partition::by_layer(m.parameters()));
   const auto path = temp_file("other.safetensors");
   optim_testing::save_state_file(path, m, badam);
-  block_optimizer<ref, sgd_update_rule> sgd(m, block_partition::by_layer(m.parameters()));
+  block_optimizer<llama_model<ref>, sgd_update_rule> sgd(m,
+                                                         block_partition::by_layer(m.parameters()));
   CHECK_THROWS_WITH_AS(optim_testing::load_state_file(path, m, sgd),
                        doctest::Contains("saved update rule is 'adam', this optimizer uses 'sgd'"),
                        error);
-  block_optimizer<ref> more(m, block_partition::by_layer(m.parameters(), true));
+  block_optimizer<llama_model<ref>> more(m, block_partition::by_layer(m.parameters(), true));
   CHECK_THROWS_WITH_AS(optim_testing::load_state_file(path, m, more),
                        doctest::Contains("the saved partition has other blocks"), error);
   std::filesystem::remove(path);
@@ -132,13 +136,13 @@ TEST_CASE("full optimizers: Adam over every parameter equals the kernel, state k
   const auto cfg = optim_testing::config(2);
   const random_batch batch(1, 8, cfg.vocab_size, {}, 3);
   ref be;
-  decoder_model<ref> m(be, cfg);
+  llama_model<ref> m(be, cfg);
   m.init_random(7, 0.3, 0.2);
   adam_update_rule rule;
   rule.lr = 0.01;
   auto opt = make_full_optimizer(m, rule);
   ref be2;
-  decoder_model<ref> o(be2, cfg);
+  llama_model<ref> o(be2, cfg);
   o.init_random(7, 0.3, 0.2);
   auto& p2 = o.parameters();
   std::vector<std::vector<double>> ms(p2.size()), vs(p2.size());
@@ -186,7 +190,7 @@ TEST_CASE("training loop: data set file, log lines, schedule, falling loss, chec
   CHECK(b.targets[9] == ignore_index);
 
   ref be;
-  decoder_model<ref> m(be, cfg);
+  llama_model<ref> m(be, cfg);
   m.init_random(7, 0.1);
   adam_update_rule rule;
   rule.lr = 0.02;
@@ -239,7 +243,7 @@ TEST_CASE("training loop: an objective factory builds each step's objective from
   const token_dataset data(3, 6, ids);
   auto run = [&](auto&& objective) {
     ref be;
-    decoder_model<ref> m(be, cfg);
+    llama_model<ref> m(be, cfg);
     m.init_random(5, 0.1);
     auto opt = make_full_optimizer(m, adam_update_rule{});
     train_options o;
@@ -271,7 +275,7 @@ TEST_CASE("training loop: grad_accum micro-batches give the update of one union 
   const token_dataset data(rows, t, ids, labels);
   auto run = [&](index_t batch, index_t accum, bool blocks) {
     ref be;
-    decoder_model<ref> m(be, cfg);
+    llama_model<ref> m(be, cfg);
     m.init_random(11, 0.2, 0.1);
     train_options o;
     o.steps = 3;
@@ -282,7 +286,8 @@ TEST_CASE("training loop: grad_accum micro-batches give the update of one union 
     rule.lr = 0.01;
     std::vector<double> losses;
     if (blocks) {
-      block_optimizer<ref> opt(m, block_partition::by_layer(m.parameters()), rule, {}, {}, opts(2));
+      block_optimizer<llama_model<ref>> opt(m, block_partition::by_layer(m.parameters()), rule, {},
+                                            {}, opts(2));
       losses = train(m, data, opt, constant_schedule{}, o, sft_loss{}).losses;
     } else {
       auto opt = make_full_optimizer(m, rule, 0.5);  // with clipping
@@ -307,7 +312,7 @@ TEST_CASE("training loop: grad_accum micro-batches give the update of one union 
   CHECK_THROWS_WITH_AS(
       [&] {
         ref be;
-        decoder_model<ref> m(be, cfg);
+        llama_model<ref> m(be, cfg);
         auto opt = make_full_optimizer(m, adam_update_rule{});
         train_options o;
         o.grad_accum = 0;

@@ -9,6 +9,7 @@
 #include "parallel_layer.hpp"
 #include "stream_testing.hpp"
 #include "support/testing.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/stream/forward.hpp"
 #include "tightfit/stream/planner.hpp"
 
@@ -25,7 +26,7 @@ static_assert(DecoderLayer<parallel_layer<ref>, ref>);
 // optional: nn/sequence_shard.hpp).
 static_assert(!SequenceParallelLayer<parallel_layer<ref>, ref>);
 static_assert(DecoderModel<model_t>);
-static_assert(DecoderModel<decoder_model<ref>>);
+static_assert(DecoderModel<llama_model<ref>>);
 
 model_config config() {
   auto cfg = tiny_config(4, 2, false, false, 3);  // GQA, no q/k norm, three layers

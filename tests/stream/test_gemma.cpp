@@ -21,8 +21,6 @@ using tightfit::testing::random_batch;
 namespace {
 
 using ref = reference_backend<double>;
-template <class B>
-using gemma_model = decoder_model<B, gemma_layer<B>>;
 
 /// A Gemma 3 style configuration: q/k-norm, 5 local : 1 global (here 1 : 1 over 3 layers plus
 /// an explicit pattern), local RoPE base, linear scaling on the global layers, no soft-capping.

@@ -8,6 +8,7 @@
 #include "stream_testing.hpp"
 #include "support/testing.hpp"
 #include "tightfit/backend/offload.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/stream/planner.hpp"
 
 using namespace tightfit;
@@ -61,7 +62,7 @@ TEST_CASE("offloaded layer inputs: exact gradients, peaks == prediction in both 
           o.chunk = chunk;
           o.keep_every = k;
           plain pbe;
-          decoder_model<plain> pmodel(pbe, cfg);
+          llama_model<plain> pmodel(pbe, cfg);
           pmodel.init_random(4, 0.3, 0.2);
           sft_loss ploss;
           const backward_result want = compute_gradients(pmodel, batch.view(), ploss, o);
@@ -69,7 +70,7 @@ TEST_CASE("offloaded layer inputs: exact gradients, peaks == prediction in both 
 
           o.offload_layer_inputs = true;
           tiered tbe;
-          decoder_model<tiered> tmodel(tbe, cfg);
+          llama_model<tiered> tmodel(tbe, cfg);
           tmodel.init_random(4, 0.3, 0.2);
           sft_loss tloss;
           const backward_result got = compute_gradients(tmodel, batch.view(), tloss, o);
@@ -105,14 +106,14 @@ TEST_CASE("offload: clear errors for a backend without a host tier and for the f
   backward_options o;
   o.offload_layer_inputs = true;
   reference_backend<double> be;
-  decoder_model<reference_backend<double>> model(be, cfg);
+  llama_model<reference_backend<double>> model(be, cfg);
   sft_loss loss;
   CHECK_THROWS_WITH_AS(compute_gradients(model, batch.view(), loss, o),
                        doctest::Contains("offload_layer_inputs needs a backend with a host memory "
                                          "tier"),
                        error);
   two_tier_backend<reference_backend<double>> tbe;
-  decoder_model<two_tier_backend<reference_backend<double>>> tmodel(tbe, cfg);
+  llama_model<two_tier_backend<reference_backend<double>>> tmodel(tbe, cfg);
   o.sched = backward_schedule::full;
   CHECK_THROWS_WITH_AS(compute_gradients(tmodel, batch.view(), loss, o),
                        doctest::Contains("offload_layer_inputs needs the checkpoint or stream"),

@@ -13,6 +13,7 @@
 #include "support/testing.hpp"
 #include "tightfit/loss/dpo.hpp"
 #include "tightfit/loss/grpo.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 
 using namespace tightfit;
 using tightfit::testing::grads_of;
@@ -83,7 +84,7 @@ template <class O>
 run_output run_objective(const model_config& cfg, const token_batch& batch, O& objective,
                          backward_schedule s, index_t chunk) {
   ref be;
-  decoder_model<ref> model(be, cfg);
+  llama_model<ref> model(be, cfg);
   model.init_random(5, 0.3, 0.2);
   backward_options o;
   o.sched = s;

@@ -12,6 +12,7 @@
 #include "stream_testing.hpp"
 #include "support/testing.hpp"
 #include "tightfit/loss/sft.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/stream/packing.hpp"
 
 using namespace tightfit;
@@ -97,7 +98,7 @@ TEST_CASE("packed rows (lay_out_rows) == the same documents padded: SFT loss and
     CAPTURE(to_string(sched));
     auto run = [&](const token_batch& b) {
       ref be;
-      decoder_model<ref> model(be, cfg);
+      llama_model<ref> model(be, cfg);
       model.init_random(3, 0.3, 0.2);
       backward_options o;
       o.sched = sched;

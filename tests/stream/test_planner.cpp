@@ -5,6 +5,7 @@
 
 #include "stream_testing.hpp"
 #include "support/testing.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/presets.hpp"
 #include "tightfit/stream/planner.hpp"
 
@@ -25,7 +26,7 @@ TEST_CASE("predicted peak activation bytes equal the measured ones") {
       o.sched = s;
       o.chunk = 5;
       reference_backend<float> be;
-      decoder_model<reference_backend<float>> model(be, cfg);
+      llama_model<reference_backend<float>> model(be, cfg);
       model.init_random(2);
       sft_loss loss;
       const auto measured = compute_gradients(model, batch.view(), loss, o).peak_activation_bytes;
@@ -112,7 +113,7 @@ TEST_CASE("layer-input spacing: exact gradients for every k, measured peak == pr
   using ref = reference_backend<double>;
   auto run = [&](backward_schedule s, index_t chunk, index_t k, bool embedding_grad) {
     ref be;
-    decoder_model<ref> model(be, cfg);
+    llama_model<ref> model(be, cfg);
     model.init_random(4, 0.3, 0.2);
     backward_options o;
     o.sched = s;
@@ -153,7 +154,7 @@ TEST_CASE("layer-input spacing: exact gradients for every k, measured peak == pr
   bad.sched = backward_schedule::full;
   bad.keep_every = 2;
   ref be;
-  decoder_model<ref> model(be, cfg);
+  llama_model<ref> model(be, cfg);
   sft_loss loss;
   CHECK_THROWS_WITH_AS(compute_gradients(model, batch.view(), loss, bad),
                        doctest::Contains("full schedule keeps every activation"), error);
@@ -209,27 +210,20 @@ model_config planner_gemma_config(bool gemma2) {
 template <class O>
 predicted_peaks dry_run_peaks(const model_config& cfg, index_t batch, index_t t,
                               const backward_options& o, const O& objective) {
-  auto run = [&](auto* runner) {
-    const auto r = runner->run(batch, t, o, false);
-    return predicted_peaks{r.activation_bytes, r.host_bytes};
-  };
-  if (cfg.is_gemma()) {
-    detail::dry_runner<float, gemma_layer, O> r(cfg, objective);
-    return run(&r);
-  }
-  detail::dry_runner<float, decoder_layer, O> r(cfg, objective);
-  return run(&r);
+  return with_config_layer(cfg, [&](auto layer) {
+    detail::dry_runner<float, decltype(layer)::template type, O> r(cfg, objective);
+    const auto run = r.run(batch, t, o, false);
+    return predicted_peaks{run.activation_bytes, run.host_bytes};
+  });
 }
 
 /// One recording dry run (batch 1) with the config's layer, for closed_form_peaks.
 detail::recorded_run dry_run_peaks_recorded(const model_config& cfg, index_t t,
                                             const backward_options& o) {
-  if (cfg.is_gemma()) {
-    detail::dry_runner<float, gemma_layer, sft_loss> r(cfg, sft_loss{});
+  return with_config_layer(cfg, [&](auto layer) {
+    detail::dry_runner<float, decltype(layer)::template type, sft_loss> r(cfg, sft_loss{});
     return r.run(1, t, o, true);
-  }
-  detail::dry_runner<float, decoder_layer, sft_loss> r(cfg, sft_loss{});
-  return r.run(1, t, o, true);
+  });
 }
 
 /// The plan with every price a dry run at T (the planner before the closed form): the reference

@@ -8,6 +8,7 @@
 
 #include "stream_testing.hpp"
 #include "support/testing.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 
 using namespace tightfit;
 using tightfit::testing::grads_of;
@@ -27,7 +28,7 @@ struct run_output {
 run_output run(const model_config& cfg, const random_batch& batch, const backward_options& opt,
                std::uint64_t seed = 7) {
   ref be;
-  decoder_model<ref> model(be, cfg);
+  llama_model<ref> model(be, cfg);
   model.init_random(seed, 0.3, 0.2);
   sft_loss loss;
   run_output out;
@@ -122,7 +123,7 @@ TEST_CASE("finite differences of the loss match the stream gradients") {
     cfg.qkv_bias = cfg.o_bias = biases;
     const random_batch batch(2, 6, cfg.vocab_size, {6, 4}, 5, 0.1);
     ref be;
-    decoder_model<ref> model(be, cfg);
+    llama_model<ref> model(be, cfg);
     model.init_random(3, 0.3, 0.2);
     sft_loss loss;
     compute_gradients(model, batch.view(), loss, with(backward_schedule::stream, 4));
@@ -163,7 +164,7 @@ TEST_CASE("float stream matches double full within 1e-4") {
   const random_batch batch(2, 12, cfg.vocab_size, {12, 8}, 9);
   const auto full = run(cfg, batch, with(backward_schedule::full, 4));
   reference_backend<float> fbe;
-  decoder_model<reference_backend<float>> model(fbe, cfg);
+  llama_model<reference_backend<float>> model(fbe, cfg);
   model.init_random(7, 0.3, 0.2);  // the same seed: the same values, rounded to float
   sft_loss loss;
   const auto r = compute_gradients(model, batch.view(), loss, with(backward_schedule::stream, 5));
@@ -183,7 +184,7 @@ TEST_CASE("frozen layers get no gradient and run no weight-gradient GEMM") {
   const index_t chunk = 3, chunks = 4;
   auto gemms = [&](std::vector<bool> trainable, bool embedding, run_output* out) {
     ref be;
-    decoder_model<ref> model(be, cfg);
+    llama_model<ref> model(be, cfg);
     model.init_random(7, 0.3, 0.2);
     sft_loss loss;
     auto o = with(backward_schedule::stream, chunk);
@@ -241,7 +242,7 @@ TEST_CASE("frozen layers get no gradient and run no weight-gradient GEMM") {
 TEST_CASE("bad input gets a clear error") {
   const auto cfg = tiny_config(2, 1, false, false);
   ref be;
-  decoder_model<ref> model(be, cfg);
+  llama_model<ref> model(be, cfg);
   model.init_random(1);
   sft_loss loss;
   auto message = [&](const token_batch& b, const backward_options& o) -> std::string {
@@ -287,7 +288,7 @@ TEST_CASE("lazy layer gradients: one layer's gradients at a time, same values") 
   const random_batch batch(2, 9, cfg.vocab_size, {9, 6}, 8);
   const auto eager = run(cfg, batch, with(backward_schedule::stream, 4));
   ref be;
-  decoder_model<ref> model(be, cfg);
+  llama_model<ref> model(be, cfg);
   model.init_random(7, 0.3, 0.2);
   sft_loss loss;
   auto o = with(backward_schedule::stream, 4);
@@ -320,7 +321,7 @@ namespace {
 run_output run_batch(const model_config& cfg, const token_batch& batch, const backward_options& opt,
                      std::uint64_t seed = 7) {
   ref be;
-  decoder_model<ref> model(be, cfg);
+  llama_model<ref> model(be, cfg);
   model.init_random(seed, 0.3, 0.2);
   sft_loss loss;
   run_output out;

@@ -11,6 +11,7 @@
 #include "stream_testing.hpp"
 #include "support/testing.hpp"
 #include "tightfit/backend/eigen.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/gemma_layer.hpp"
 #include "tightfit/stream/planner.hpp"
 
@@ -25,7 +26,7 @@ template <class B>
 std::pair<double, std::vector<std::vector<double>>> gradients(B& be, const model_config& cfg,
                                                               const random_batch& batch,
                                                               backward_schedule s, index_t chunk) {
-  decoder_model<B> model(be, cfg);
+  llama_model<B> model(be, cfg);
   model.init_random(7, 0.3, 0.2);
   sft_loss loss;
   backward_options o;
@@ -79,7 +80,7 @@ TEST_CASE("eigen backend: the planner's prediction is within 10% of the measured
     const std::string name = to_string(s);
     CAPTURE(name);
     eigen_backend<float> be;
-    decoder_model<eigen_backend<float>> model(be, cfg);
+    llama_model<eigen_backend<float>> model(be, cfg);
     model.init_random(1);
     sft_loss loss;
     backward_options o;
@@ -112,7 +113,7 @@ TEST_CASE("eigen backend: windows, yarn rope and packed documents equal the refe
   for (index_t p = 0; p < 150; ++p) positions.push_back(p);  // row 2: one document, padded
   auto run = [&](auto& be, backward_schedule s, index_t chunk) {
     using B = std::remove_reference_t<decltype(be)>;
-    decoder_model<B> model(be, cfg);
+    llama_model<B> model(be, cfg);
     model.init_random(7, 0.3, 0.2);
     sft_loss loss;
     backward_options o;

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "tightfit/backend/reference.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/hf_model.hpp"
 #include "tightfit/nn/model.hpp"
 
@@ -23,7 +24,7 @@ int main(int argc, char** argv) try {
   cfg.head_dim = 8;
   cfg.tie_word_embeddings = true;
   tightfit::reference_backend<float> be;
-  tightfit::decoder_model<tightfit::reference_backend<float>> model(be, cfg);
+  tightfit::llama_model<tightfit::reference_backend<float>> model(be, cfg);
   model.init_random(2024, 0.05, 0.1);
   std::filesystem::create_directories(argv[1]);
   tightfit::save_hf_config(cfg, argv[1]);

@@ -73,7 +73,6 @@ class peak_scope {
 
   std::size_t peak_bytes() const { return counter_.peak(); }
   std::size_t peak_above_entry() const { return counter_.peak() - entry_live_; }
-  std::size_t entry_bytes() const { return entry_live_; }
 
  private:
   memory_counter& counter_;

@@ -111,10 +111,4 @@ struct tensor3_view {
   constexpr index_t size() const { return batch * rows * cols; }
 };
 
-/// "(r x c)" for messages.
-template <class T>
-std::string shape_of(const matrix_view<T>& v) {
-  return detail::concat("(", v.rows, " x ", v.cols, ")");
-}
-
 }  // namespace tightfit

@@ -250,4 +250,42 @@ struct data_parallel {
   }
 };
 
+/// The gradient policy of a data-parallel step over several micro-batches of this rank
+/// (block_optimizer::step's or zero1_full_optimizer::step's `gradients` argument):
+/// step_gradients over `batches`, micro-batch i with (*objectives)[i]. The batch and the
+/// objective the optimizer passes are the first micro-batch's and are not used on their own.
+template <class Obj, Communicator C>
+struct data_parallel_steps {
+  std::span<const token_batch> batches;
+  std::vector<Obj>* objectives = nullptr;
+  C* comm = nullptr;
+  gradient_sync sync = gradient_sync::all_reduce;
+
+  template <DecoderModel M, class O>
+  backward_result operator()(M& model, const token_batch&, O&, const backward_options& opt) const {
+    return step_gradients(
+        model, batches, [this](std::size_t i) -> Obj& { return (*objectives)[i]; }, opt, *comm,
+        nullptr, sync);
+  }
+};
+
+/// train()'s gradients (optim/train.hpp, TrainingGradients) data parallel over the ranks of
+/// comm: each rank its own rows of every step (self_communicator: one process, gradient
+/// accumulation over micro-batches).
+template <Communicator C>
+struct data_parallel_training {
+  C* comm = nullptr;
+
+  index_t ranks() const { return comm->size(); }
+  index_t row_ranks() const { return comm->size(); }
+  index_t row_rank() const { return comm->rank(); }
+  template <class M>
+  static constexpr bool accepts = true;
+  template <class Obj>
+  data_parallel_steps<Obj, C> pieces(std::span<const token_batch> batches,
+                                     std::vector<Obj>& objectives, gradient_sync sync) const {
+    return {batches, &objectives, comm, sync};
+  }
+};
+
 }  // namespace tightfit

@@ -36,11 +36,11 @@
 #pragma once
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tightfit/core/error.hpp"
@@ -136,10 +136,106 @@ class shard_objective {
 
 }  // namespace detail
 
+namespace detail {
+
+/// sequence_parallel_gradients' pass of the gradient driver (stream/backward.hpp's
+/// run_backward): this rank's rows of the shard, the layers' sequence-parallel entry points over
+/// the K/V ring, the objective of the whole batch on the rank's rows, and each gradient group
+/// all-reduced without blocking once final, while the next layer runs: each parameter's gradient
+/// buffer in place (no staging copy: the head's and the embedding's would each add a (V, d)
+/// buffer to a rank's peak), all of a group's messages issued together. A group is completed
+/// (waited, the caller's on_grads_ready) at the next group's event or at finish(), as in
+/// step_gradients.
+template <DecoderModel M, Objective O, Communicator C>
+struct shard_pass {
+  using B = typename M::backend_type;
+  using T = storage_t<B>;
+  using request_t = decltype(std::declval<C&>().all_reduce_sum(std::span<T>()));
+  struct pending {
+    grads_ready event;
+    std::vector<request_t> requests;
+  };
+
+  M& model;
+  O& objective;
+  C& comm;
+  const backward_options& opt;
+  const sequence_shard& mine;
+  const kv_ring<T>& ring;
+  std::span<const token_id> ids_local;  // (B*Tl)
+  token_layout global_layout;           // the whole batch's (the objective's)
+  token_layout local_layout;            // this rank's rows
+  index_t local_rows = 0;               // B*Tl
+  index_t chunk = 1;                    // positions per chunk
+  index_t head_chunk = chunk;
+  sequence_parallel_stats& st;
+  std::deque<pending> in_flight{};
+
+  index_t rows() const { return local_rows; }
+  std::span<const token_id> input_ids() const { return ids_local; }
+  template <class L>
+  void forward(L& layer, const sequence_batch& seq, matrix_view<const T> x, matrix_view<T> y,
+               index_t /*chunk*/, bool /*keep*/) {
+    layer.forward_shard(model.backend(), seq, mine, x, y, chunk, ring);
+  }
+  template <class L>
+  void backward(L& layer, const sequence_batch& seq, matrix_view<const T> x,
+                matrix_view<const T> dy, matrix_view<T> dx, index_t /*chunk*/,
+                layer_grad_mode mode) {
+    B& be = model.backend();
+    layer.begin_backward_shard(be, seq, mine, x, chunk, mode, ring);
+    std::vector<std::pair<index_t, index_t>> chunks;
+    for (const auto& k : mine.blocks)
+      for (index_t c0 = k.p0; c0 < k.p1; c0 += chunk)
+        chunks.emplace_back(c0, std::min(k.p1, c0 + chunk));
+    for (auto it = chunks.rbegin(); it != chunks.rend(); ++it)  // last chunk first
+      layer.backward_chunk(be, seq, x, dy, it->first, it->second, dx, mode);
+    layer.end_backward_shard(be, seq, x, dx, mode, ring);
+  }
+  double head(matrix_view<const T> hidden, const head_options& hopt, matrix_view<T> dhidden,
+              bool weight_grads, double* statistics_seconds) {
+    shard_objective<O, C> local_objective(objective, comm, global_layout, mine);
+    return lm_head_backward(model, hidden, local_layout, local_objective, hopt, dhidden,
+                            weight_grads, statistics_seconds);
+  }
+  void grads_ready(const tightfit::grads_ready& e) {
+    auto& params = model.parameters();
+    std::vector<std::size_t> ids;
+    if (e.what == grads_ready::kind::head) {
+      for (std::size_t id : model.head_param_ids())
+        if (!(opt.embedding_grad && id == model.embed_id())) ids.push_back(id);  // tied
+    } else if (e.what == grads_ready::kind::layer) {
+      ids = model.layer_param_ids(e.layer);
+    } else {
+      ids.push_back(model.embed_id());
+    }
+    pending p{e, {}};
+    for (std::size_t id : ids)
+      if (params.has_grad(id)) {
+        p.requests.push_back(comm.all_reduce_sum(params.grad(id)));
+        ++st.gradient_messages;
+      }
+    ++st.gradient_groups;
+    finish();
+    in_flight.push_back(std::move(p));
+  }
+  /// Completes every group in flight (waits, then the caller's on_grads_ready).
+  void finish() {
+    while (!in_flight.empty()) {
+      for (auto& r : in_flight.front().requests) r.wait();
+      if (opt.on_grads_ready) opt.on_grads_ready(in_flight.front().event);
+      in_flight.pop_front();
+    }
+  }
+};
+
+}  // namespace detail
+
 /// Loss and parameter gradients of `model` on the whole `batch` (every rank passes the same
 /// batch and the same objective, built for the whole batch), this rank computing its shard of
 /// the positions (see the top comment). Schedules: stream (chunks of opt.chunk positions) and
-/// checkpoint (one chunk per block); keep_every 1, no offload.
+/// checkpoint (one chunk per block); keep_every 1, no offload. The gradient driver is
+/// compute_gradients' (stream/backward.hpp's run_backward) with the shard's pass.
 template <DecoderModel M, Objective O, Communicator C>
 requires SequenceParallelLayer<typename M::layer_type, typename M::backend_type> backward_result
 sequence_parallel_gradients(M& model, const token_batch& batch, O& objective,
@@ -148,11 +244,9 @@ sequence_parallel_gradients(M& model, const token_batch& batch, O& objective,
                             sequence_parallel_stats* stats = nullptr) {
   using B = typename M::backend_type;
   using T = storage_t<B>;
-  using clock = std::chrono::steady_clock;
-  const auto start = clock::now();
   B& be = model.backend();
   const model_config& cfg = model.config();
-  const index_t nl = cfg.num_hidden_layers, d = cfg.hidden_size;
+  const index_t nl = cfg.num_hidden_layers;
   sequence_parallel_stats local_stats;
   sequence_parallel_stats& st = stats ? *stats : local_stats;
   st = sequence_parallel_stats{};
@@ -171,8 +265,7 @@ sequence_parallel_gradients(M& model, const token_batch& batch, O& objective,
   check(opt.layer_weight_grads.empty() || static_cast<index_t>(opt.layer_weight_grads.size()) == nl,
         "sequence_parallel_gradients: layer_weight_grads has ", opt.layer_weight_grads.size(),
         " entries, expected ", nl, " (one per layer) or none");
-  const sequence_batch seq{batch.batch, batch.seq_len, batch.lengths, batch.position_ids};
-  const index_t t = seq.seq_len, nb = seq.batch;
+  const index_t t = batch.seq_len, nb = batch.batch;
   const int ranks = comm.size();
   check_agreement(comm,
                   detail::data_parallel_description(model, opt) + "; sequence parallel B" +
@@ -198,33 +291,6 @@ sequence_parallel_gradients(M& model, const token_batch& batch, O& objective,
       ids_local[static_cast<std::size_t>(b * tl + i)] = batch.input_ids[from];
       targets_local[static_cast<std::size_t>(b * tl + i)] = targets[from];
     }
-  const token_layout global_layout{nb, t, targets, batch.lengths};
-  const token_layout local_layout{nb, tl, targets_local, {}};
-
-  auto needs = [&](index_t l) {
-    return opt.layer_weight_grads.empty() || opt.layer_weight_grads[static_cast<std::size_t>(l)];
-  };
-  index_t lowest = nl;
-  for (index_t l = 0; l < nl; ++l)
-    if (needs(l)) {
-      lowest = l;
-      break;
-    }
-  if (opt.embedding_grad) lowest = 0;
-
-  auto& params = model.parameters();
-  if (opt.head_grad)
-    for (auto id : model.head_param_ids()) params.allocate_grad(id);
-  if (opt.embedding_grad) params.allocate_grad(model.embed_id());
-  for (index_t l = 0; l < nl; ++l)
-    if (needs(l))
-      for (auto id : model.layer_param_ids(l)) params.allocate_grad(id);
-
-  backward_result result;
-  result.lowest_layer = lowest;
-  peak_scope scope(be.memory());
-  const index_t chunk = opt.sched == backward_schedule::stream ? std::min(opt.chunk, t) : t;
-  result.chunk = chunk;
 
   // The K/V ring: a block travels as (B*tmax, Hkv*hd) rows; a shift sends the buffer to rank
   // + 1 and receives rank - 1's into it, through a staging copy of the outgoing values (one
@@ -242,114 +308,21 @@ sequence_parallel_gradients(M& model, const token_batch& batch, O& objective,
     ++st.kv_shifts;
   };
 
-  // Forward over the shard: input l of layer l kept (B*Tl, d), input nl the final hidden state.
-  std::vector<buffer_t<B>> inputs(static_cast<std::size_t>(nl + 1));
-  auto input = [&](index_t l) -> buffer_t<B>& { return inputs[static_cast<std::size_t>(l)]; };
-  input(0) = be.template allocate<T>(rows * d);  // (B*Tl, d)
-  be.embedding_forward(
-      as_matrix(std::span<const T>(params.value(model.embed_id())), cfg.vocab_size, d),
-      std::span<const token_id>(ids_local), input(0).view(rows, d));
-  for (index_t l = 0; l < nl; ++l) {
-    input(l + 1) = be.template allocate<T>(rows * d);  // (B*Tl, d)
-    model.layer(l).forward_shard(be, seq, mine, matrix_view<const T>(input(l).view(rows, d)),
-                                 input(l + 1).view(rows, d), chunk, ring);
-    if (l < lowest) input(l).reset();
-  }
-  result.forward_seconds = std::chrono::duration<double>(clock::now() - start).count();
-
-  // Gradient groups, all-reduced without blocking once final, while the next layer runs: each
-  // parameter's gradient buffer in place (no staging copy: the head's and the embedding's
-  // would each add a (V, d) buffer to a rank's peak), all of a group's messages issued
-  // together. A group is completed (waited, the caller's on_grads_ready) at the next group's
-  // event or at the end, as in step_gradients.
-  using request_t = decltype(comm.all_reduce_sum(std::span<T>()));
-  struct pending {
-    grads_ready event;
-    std::vector<request_t> requests;
-  };
-  std::deque<pending> in_flight;
-  auto complete = [&](pending& p) {
-    for (auto& r : p.requests) r.wait();
-    if (opt.on_grads_ready) opt.on_grads_ready(p.event);
-  };
-  auto grads_final = [&](const grads_ready& e) {
-    std::vector<std::size_t> ids;
-    if (e.what == grads_ready::kind::head) {
-      for (std::size_t id : model.head_param_ids())
-        if (!(opt.embedding_grad && id == model.embed_id())) ids.push_back(id);  // tied
-    } else if (e.what == grads_ready::kind::layer) {
-      ids = model.layer_param_ids(e.layer);
-    } else {
-      ids.push_back(model.embed_id());
-    }
-    pending p{e, {}};
-    for (std::size_t id : ids)
-      if (params.has_grad(id)) {
-        p.requests.push_back(comm.all_reduce_sum(params.grad(id)));
-        ++st.gradient_messages;
-      }
-    ++st.gradient_groups;
-    while (!in_flight.empty()) {
-      complete(in_flight.front());
-      in_flight.pop_front();
-    }
-    in_flight.push_back(std::move(p));
-  };
-
-  // Head on the rank's rows, the objective of the whole batch.
-  head_options hopt;
-  hopt.temperature = opt.temperature;
-  const bool streaming =
-      opt.head == head_mode::streaming ||
-      (opt.head == head_mode::automatic && opt.sched == backward_schedule::stream);
-  hopt.chunk_rows = !streaming                ? std::max<index_t>(1, rows)
-                    : opt.head_chunk_rows > 0 ? opt.head_chunk_rows
-                                              : default_head_chunk_rows(cfg, nb, chunk);
-  buffer_t<B> dy;
-  if (lowest < nl) dy = be.template allocate<T>(rows * d);  // (B*Tl, d)
-  {
-    const auto head_start = clock::now();
-    detail::shard_objective<O, C> local_objective(objective, comm, global_layout, mine);
-    result.loss =
-        lm_head_backward(model, matrix_view<const T>(input(nl).view(rows, d)), local_layout,
-                         local_objective, hopt, lowest < nl ? dy.view(rows, d) : matrix_view<T>{},
-                         opt.head_grad, &result.statistics_seconds);
-    result.head_seconds = std::chrono::duration<double>(clock::now() - head_start).count();
-    input(nl).reset();
-  }
-  if (opt.head_grad) grads_final({grads_ready::kind::head, -1});
-
-  // Layers, top to bottom; dx aliases dy (as compute_gradients).
-  for (index_t l = nl - 1; l >= lowest; --l) {
-    auto& layer = model.layer(l);
-    const layer_grad_mode mode{needs(l), l > lowest || opt.embedding_grad};
-    auto x = matrix_view<const T>(input(l).view(rows, d));
-    layer.begin_backward_shard(be, seq, mine, x, chunk, mode, ring);
-    std::vector<std::pair<index_t, index_t>> chunks;
-    for (const auto& k : mine.blocks)
-      for (index_t c0 = k.p0; c0 < k.p1; c0 += chunk)
-        chunks.emplace_back(c0, std::min(k.p1, c0 + chunk));
-    for (auto it = chunks.rbegin(); it != chunks.rend(); ++it)  // last chunk first
-      layer.backward_chunk(be, seq, x, matrix_view<const T>(dy.view(rows, d)), it->first,
-                           it->second, mode.input_grad ? dy.view(rows, d) : matrix_view<T>{}, mode);
-    layer.end_backward_shard(be, seq, x, mode.input_grad ? dy.view(rows, d) : matrix_view<T>{},
-                             mode, ring);
-    input(l).reset();
-    if (mode.weight_grads) grads_final({grads_ready::kind::layer, l});
-  }
-  if (opt.embedding_grad) {
-    be.embedding_backward(matrix_view<const T>(dy.view(rows, d)),
-                          std::span<const token_id>(ids_local),
-                          as_matrix(params.grad(model.embed_id()), cfg.vocab_size, d));
-    grads_final({grads_ready::kind::embedding, -1});
-  }
-  while (!in_flight.empty()) {
-    complete(in_flight.front());
-    in_flight.pop_front();
-  }
-  result.peak_activation_bytes = scope.peak_above_entry();
-  result.peak_bytes = scope.peak_bytes();
-  result.seconds = std::chrono::duration<double>(clock::now() - start).count();
+  const index_t chunk = opt.sched == backward_schedule::stream ? std::min(opt.chunk, t) : t;
+  detail::shard_pass<M, O, C> pass{model,
+                                   objective,
+                                   comm,
+                                   opt,
+                                   mine,
+                                   ring,
+                                   ids_local,
+                                   {nb, t, targets, batch.lengths},
+                                   {nb, tl, targets_local, {}},
+                                   rows,
+                                   chunk,
+                                   chunk,
+                                   st};
+  const backward_result result = detail::run_backward(model, batch, opt, pass);
   const comm_stats& after = comm.stats();
   st.bytes = after.bytes - comm_before.bytes;
   st.other_messages =

@@ -13,7 +13,7 @@
 //     adds the micro-batch's contributions to the sum once. The caller's on_grads_ready runs
 //     during the last micro-batch only (no gradient is final before).
 //  3. gradient_sync::none (an optimizer that reduce-scatters the ranks' own sums itself:
-//     ZeRO-1, dist/zero1.hpp): at the end the ranks other than 0 zero their buffers, so the
+//     ZeRO-1, optim/zero1.hpp): at the end the ranks other than 0 zero their buffers, so the
 //     ranks' sums add up to the step's gradient once.
 // Parameter gradients must be zero before the call (as sequence_parallel_gradients).
 #pragma once
@@ -93,6 +93,27 @@ struct sequence_parallel_steps {
     return sequence_step_gradients(
         model, batches, [this](std::size_t i) -> Obj& { return (*objectives)[i]; }, opt, *comm,
         options, sync);
+  }
+};
+
+/// train()'s gradients (optim/train.hpp, TrainingGradients) sequence parallel over the ranks of
+/// comm: every rank passes the step's rows, each computing its shard of their positions (the
+/// assignment: options); the model's layer must be a SequenceParallelLayer.
+template <Communicator C>
+struct sequence_parallel_training {
+  C* comm = nullptr;
+  sequence_parallel_options options{};
+
+  index_t ranks() const { return comm->size(); }
+  index_t row_ranks() const { return 1; }
+  index_t row_rank() const { return 0; }
+  template <class M>
+  static constexpr bool accepts =
+      SequenceParallelLayer<typename M::layer_type, typename M::backend_type>;
+  template <class Obj>
+  sequence_parallel_steps<Obj, C> pieces(std::span<const token_batch> batches,
+                                         std::vector<Obj>& objectives, gradient_sync sync) const {
+    return {batches, &objectives, comm, options, sync};
   }
 };
 

@@ -515,15 +515,4 @@ inline std::vector<std::vector<std::size_t>> euclidean_clusters(const points& in
   return clusters;
 }
 
-/// The points of the largest Euclidean cluster (see euclidean_clusters).
-inline points largest_cluster(const points& in, double radius) {
-  auto clusters = euclidean_clusters(in, radius);
-  points out;
-  if (clusters.empty()) return out;
-  std::sort(clusters[0].begin(), clusters[0].end());
-  out.reserve(clusters[0].size());
-  for (std::size_t i : clusters[0]) out.push_back(in[i]);
-  return out;
-}
-
 }  // namespace tightfit::geometry

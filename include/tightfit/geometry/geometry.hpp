@@ -15,3 +15,4 @@
 #include "tightfit/geometry/plane.hpp"
 #include "tightfit/geometry/point_cloud.hpp"
 #include "tightfit/geometry/quality.hpp"
+#include "tightfit/geometry/silhouette.hpp"

@@ -156,12 +156,4 @@ points to_points(const C& cloud) {
   return out;
 }
 
-/// Throws unless every coordinate of `p` is finite (names the first offending point).
-inline void check_finite(const points& p, const char* where) {
-  for (std::size_t i = 0; i < p.size(); ++i)
-    if (!p[i].allFinite())
-      fail(where, ": point ", i, " is (", p[i].x(), ", ", p[i].y(), ", ", p[i].z(),
-           "), expected finite coordinates");
-}
-
 }  // namespace tightfit::geometry

@@ -1,26 +1,31 @@
-// tightfit/nn/adapters.hpp: the seam between low-rank adapters (LoRA: Hu et al., "LoRA: Low-Rank
-// Adaptation of Large Language Models", ICLR 2022, arXiv 2106.09685) and the decoder layer.
-//
-// A layer's linear projections are named as in Hugging Face (q_proj ... down_proj). A
-// lora_binding tells a decoder layer which of them carry an adapter: the positions, in a separate
-// parameter_set (the adapters'), of A (r, in) and B (out, r), and the scale s (alpha / r, or
-// alpha / sqrt(r) for rsLoRA). The layer then computes
-//     y = x W^T (+ b) + s (x A^T) B^T
-// and, in its backward, dx through W and the adapter, and dA, dB when the adapters' set holds
-// gradient buffers for them. nn/lora.hpp builds, initialises, saves and merges the adapters.
+// tightfit/nn/adapters.hpp: low-rank adapters on a layer's projections (LoRA: Hu et al., "LoRA:
+// Low-Rank Adaptation of Large Language Models", ICLR 2022, arXiv 2106.09685), the extension any
+// layer gets: a lora_binding says which of a layer's linear projections (named as in Hugging
+// Face, q_proj ... down_proj) carry an adapter: the positions, in a separate parameter_set (the
+// adapters'), of A (r, in) and B (out, r), and the scale s (alpha / r, or alpha / sqrt(r) for
+// rsLoRA). A layer that offers set_lora (LoraLayer) adds, for each projection y = x W^T,
+//     lora_forward:   y += s (x A^T) B^T
+//     lora_backward:  dx += s (dy B) A;  with weight gradients dA += s (dy B)^T x, dB += s dy^T (x
+//     A^T)
+// which are exactly the gradients of the merged weight W + s B A contracted with B and A, without
+// forming it. Every layer built on nn/streambp_layer.hpp does so; a layer written from kernels
+// (examples/parallel_layer.hpp) calls the two functions itself. nn/lora.hpp builds, initialises,
+// saves and merges the adapters of a model.
 #pragma once
 
 #include <array>
 #include <cstddef>
+#include <span>
 #include <string>
 
 #include "tightfit/backend/concept.hpp"
 #include "tightfit/core/error.hpp"
+#include "tightfit/core/view.hpp"
 #include "tightfit/nn/parameters.hpp"
 
 namespace tightfit {
 
-/// The linear projections of a Llama / Qwen decoder layer, by Hugging Face module name.
+/// The linear projections of a decoder layer, by Hugging Face module name.
 enum class projection : int { q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj };
 inline constexpr int projection_count = 7;
 
@@ -54,5 +59,59 @@ struct lora_binding {
     return static_cast<std::size_t>(b[static_cast<std::size_t>(p)]);
   }
 };
+
+/// A layer whose projections take LoRA adapters (an empty binding removes them).
+template <class L, class B>
+concept LoraLayer = requires(L& layer, const lora_binding<B>& binding) {
+  layer.set_lora(binding);
+};
+
+/// y (n, out) += s (x A^T) B^T for projection p's adapter (nothing without one).
+template <DenseBackend B>
+void lora_forward(B& be, const lora_binding<B>& lora, projection p,
+                  matrix_view<const storage_t<B>> x, matrix_view<storage_t<B>> y) {
+  using T = storage_t<B>;
+  using A = accum_t<B>;
+  if (!lora.has(p)) return;
+  const index_t n = x.rows, r = lora.rank;
+  auto& set = *lora.adapters;
+  buffer_t<B> u = be.template allocate<T>(n * r);  // (n, r) x A^T
+  be.gemm(transpose::no, transpose::yes, A(1), x,
+          as_matrix(std::span<const T>(set.value(lora.a_id(p))), r, x.cols), A(0), u.view(n, r));
+  be.gemm(transpose::no, transpose::yes, A(lora.scale), matrix_view<const T>(u.view(n, r)),
+          as_matrix(std::span<const T>(set.value(lora.b_id(p))), y.cols, r), A(1), y);
+}
+
+/// Backward of projection p's adapter given its input x (n, in) and output gradient dy
+/// (n, out): dx (n, in) += s (dy B) A when dx is not empty; dA += s (dy B)^T x and
+/// dB += s dy^T (x A^T) when wg and the adapters hold gradients.
+template <DenseBackend B>
+void lora_backward(B& be, const lora_binding<B>& lora, projection p,
+                   matrix_view<const storage_t<B>> x, matrix_view<const storage_t<B>> dy,
+                   matrix_view<storage_t<B>> dx, bool wg) {
+  using T = storage_t<B>;
+  using A = accum_t<B>;
+  if (!lora.has(p)) return;
+  auto& set = *lora.adapters;
+  const std::size_t ia = lora.a_id(p), ib = lora.b_id(p);
+  const bool grads = wg && set.has_grad(ia) && set.has_grad(ib);
+  if (!grads && dx.empty()) return;
+  const index_t n = x.rows, r = lora.rank, in = x.cols, out = dy.cols;
+  const A s = A(lora.scale);
+  auto a_m = as_matrix(std::span<const T>(set.value(ia)), r, in);   // (r, in)
+  auto b_m = as_matrix(std::span<const T>(set.value(ib)), out, r);  // (out, r)
+  buffer_t<B> v = be.template allocate<T>(n * r);                   // (n, r) dy B
+  be.gemm(transpose::no, transpose::no, A(1), dy, b_m, A(0), v.view(n, r));
+  if (!dx.empty())
+    be.gemm(transpose::no, transpose::no, s, matrix_view<const T>(v.view(n, r)), a_m, A(1), dx);
+  if (!grads) return;
+  be.gemm(transpose::yes, transpose::no, s, matrix_view<const T>(v.view(n, r)), x, A(1),
+          as_matrix(set.grad(ia), r, in));
+  v.reset();
+  buffer_t<B> u = be.template allocate<T>(n * r);  // (n, r) x A^T
+  be.gemm(transpose::no, transpose::yes, A(1), x, a_m, A(0), u.view(n, r));
+  be.gemm(transpose::yes, transpose::no, s, dy, matrix_view<const T>(u.view(n, r)), A(1),
+          as_matrix(set.grad(ib), out, r));
+}
 
 }  // namespace tightfit

@@ -71,11 +71,18 @@ struct model_config {
   /// Gemma 3: RoPE base of the sliding layers (default rope, no scaling); 0: as global layers.
   double rope_local_base_freq = 0;
 
-  /// Gemma 2 / Gemma 3: RMSNorm scale (1 + w), the embedding scaled by sqrt(hidden_size), the
-  /// Gemma decoder layer (four norms, GELU-tanh gated MLP).
+  // The architecture facts: what an architecture changes outside its decoder layer's own
+  // structure, read by the layers, the model, the LM head and compute_gradients (which branch
+  // on none of the names). The shipped layer of each architecture: nn/architectures.hpp.
+
+  /// Gemma 2 / Gemma 3 (Hugging Face Gemma2ForCausalLM / Gemma3ForCausalLM): the facts below and
+  /// the Gemma decoder layer (four norms, GELU-tanh gated MLP).
   bool is_gemma() const {
     return architecture == "Gemma2ForCausalLM" || architecture == "Gemma3ForCausalLM";
   }
+  /// The RMSNorm scale is norm_offset() + w with w as stored: 1 for Gemma (a zero weight is the
+  /// identity), else 0 (the scale is w). Every norm of the model: the layers' and the final one.
+  double norm_offset() const { return is_gemma() ? 1.0 : 0.0; }
   /// The factor on the embedding rows: sqrt(hidden_size) for Gemma (Hugging Face computes it in
   /// the model dtype), else 1.
   double embedding_multiplier() const {
@@ -85,6 +92,18 @@ struct model_config {
   double attention_scale() const {
     return 1.0 / std::sqrt(query_pre_attn_scalar > 0 ? query_pre_attn_scalar
                                                      : static_cast<double>(head_dim));
+  }
+
+  /// The config whose RoPE fields layer l uses: sliding layers of a config with
+  /// rope_local_base_freq (Gemma 3) rotate with that base and default rope, the others with
+  /// rope_theta and rope_scaling (this config).
+  model_config layer_rope_config(index_t l) const {
+    model_config r = *this;
+    if (rope_local_base_freq > 0 && layer_window(l) > 0) {
+      r.rope_theta = rope_local_base_freq;
+      r.rope_scaling = rope_scaling_config{};
+    }
+    return r;
   }
 
   index_t q_width() const { return num_attention_heads * head_dim; }   ///< H * hd

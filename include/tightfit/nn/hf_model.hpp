@@ -60,6 +60,7 @@
 #include "tightfit/core/types.hpp"
 #include "tightfit/io/hf.hpp"
 #include "tightfit/io/safetensors.hpp"
+#include "tightfit/nn/architectures.hpp"
 #include "tightfit/nn/config.hpp"
 #include "tightfit/nn/parameters.hpp"
 
@@ -69,26 +70,26 @@ namespace tightfit {
 /// declared maximum that turns absurd sizes into an error before anything is allocated.
 inline constexpr std::uint64_t max_hf_parameters = std::uint64_t{1} << 40;
 
-/// Number of parameters of the model `c` describes (every tensor decoder_model declares), or
-/// nullopt when it does not fit in 64 bits.
+/// Number of parameters of the model `c` describes (every tensor decoder_model declares: the
+/// embedding, L times the table of the config's layer (nn/architectures.hpp), the final norm and
+/// an untied head), or nullopt when it does not fit in 64 bits.
 inline std::optional<std::uint64_t> hf_parameter_count(const model_config& c) {
   const auto u = [](index_t v) { return static_cast<std::uint64_t>(v < 0 ? 0 : v); };
-  const std::uint64_t d = u(c.hidden_size), f = u(c.intermediate_size);
+  const std::uint64_t d = u(c.hidden_size);
+  // The table's widths (H * hd, Hkv * hd) are index_t products: refuse what overflows them.
+  constexpr auto most = static_cast<std::uint64_t>(std::numeric_limits<index_t>::max());
   const auto q = checked_product({u(c.num_attention_heads), u(c.head_dim)});
   const auto kv = checked_product({u(c.num_key_value_heads), u(c.head_dim)});
-  if (!q || !kv) return std::nullopt;
-  std::optional<std::uint64_t> layer = std::uint64_t{0};
+  if (!q || !kv || *q > most || *kv > most) return std::nullopt;
   const auto add = [](std::optional<std::uint64_t> a, std::optional<std::uint64_t> b) {
     return a && b ? checked_sum(*a, *b) : std::nullopt;
   };
-  layer = add(layer, checked_product({c.is_gemma() ? 4u : 2u, d}));  // the norms
-  layer = add(layer, checked_product({2, *q, d}));                   // q_proj, o_proj
-  layer = add(layer, checked_product({2, *kv, d}));                  // k_proj, v_proj
-  layer = add(layer, checked_product({3, f, d}));                    // gate, up, down
-  if (c.qk_norm) layer = add(layer, checked_product({2, u(c.head_dim)}));
-  if (c.qkv_bias) layer = add(layer, add(*q, checked_product({2, *kv})));
-  if (c.o_bias) layer = add(layer, d);
-  if (c.mlp_bias) layer = add(layer, add(checked_product({2, f}), d));
+  std::optional<std::uint64_t> layer = std::uint64_t{0};
+  for (const param_spec& row : config_layer_table(c)) {
+    std::optional<std::uint64_t> n = std::uint64_t{1};
+    for (index_t e : row.shape) n = n ? checked_product({*n, u(e)}) : std::nullopt;
+    layer = add(layer, n);
+  }
   auto total = add(checked_product({c.tie_word_embeddings ? 1u : 2u, u(c.vocab_size), d}), d);
   if (!layer) return std::nullopt;
   return add(total, checked_product({u(c.num_hidden_layers), *layer}));

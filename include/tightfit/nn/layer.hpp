@@ -145,4 +145,9 @@ concept DecoderModel = requires {
   { m.layer(l) } -> std::same_as<typename M::layer_type&>;
 };
 
+/// A DecoderModel whose backend also runs the optimizer kernels (Backend: TransformerBackend
+/// and OptimizerBackend): what the optimizers of optim/ train.
+template <class M>
+concept TrainableModel = DecoderModel<M> && Backend<typename M::backend_type>;
+
 }  // namespace tightfit

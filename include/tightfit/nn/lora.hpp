@@ -4,6 +4,9 @@
 //
 // Each targeted projection W (out, in) of every decoder layer gets A (r, in) and B (out, r); the
 // layer computes y = x W^T (+ b) + s (x A^T) B^T with s = alpha / r (rsLoRA: alpha / sqrt(r)).
+// Any DecoderModel whose layer takes adapters (LoraLayer, nn/adapters.hpp: every layer built on
+// nn/streambp_layer.hpp, or a user's own) gets them; the shapes are those of the base weights
+// "model.layers.N.<module>.weight" in the model's parameters (the layer's parameter table).
 // The adapters live in their own parameter_set under PEFT's tensor names
 // ("base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight"), so that the set is
 // saved as adapter_model.safetensors as is (nn/peft.hpp) and an update rule of optim/ steps it.
@@ -21,6 +24,7 @@
 #include <cstdint>
 #include <optional>
 #include <random>
+#include <span>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -30,8 +34,8 @@
 #include "tightfit/core/error.hpp"
 #include "tightfit/core/limits.hpp"
 #include "tightfit/nn/adapters.hpp"
-#include "tightfit/nn/decoder_layer.hpp"
-#include "tightfit/nn/model.hpp"
+#include "tightfit/nn/layer.hpp"
+#include "tightfit/nn/parameters.hpp"
 
 namespace tightfit {
 
@@ -109,41 +113,33 @@ inline std::string peft_lora_name(index_t l, projection p, char which) {
          std::string(1, which) + ".weight";
 }
 
-/// The (out, in) extents of projection p's weight in a model of `mc`: LoRA's A is (r, in), B is
-/// (out, r).
-inline std::pair<index_t, index_t> projection_extents(const model_config& mc, projection p) {
-  const index_t d = mc.hidden_size, q = mc.q_width(), kv = mc.kv_width();
-  const index_t f = mc.intermediate_size;
-  switch (p) {
-    case projection::q_proj:
-      return {q, d};
-    case projection::k_proj:
-    case projection::v_proj:
-      return {kv, d};
-    case projection::o_proj:
-      return {d, q};
-    case projection::gate_proj:
-    case projection::up_proj:
-      return {f, d};
-    case projection::down_proj:
-      return {d, f};
-  }
-  return {0, 0};
+/// The (out, in) extents of projection p's weight "<module>.weight" in a layer's parameter table
+/// (L::parameter_table(config), nn/layer.hpp: the shapes the model declares and loads): LoRA's A
+/// is (r, in), B is (out, r). Errors name a projection the layer lacks or that is not a matrix.
+inline std::pair<index_t, index_t> projection_extents(std::span<const param_spec> layer_table,
+                                                      projection p) {
+  const std::string name = projection_module(p) + ".weight";
+  for (const auto& row : layer_table)
+    if (row.name == name) {
+      check(row.shape.size() == 2, "LoRA: the layer's parameter '", name, "' is not a matrix");
+      return {row.shape[0], row.shape[1]};
+    }
+  fail("LoRA: the layer has no parameter '", name, "' to adapt");
 }
 
 /// The number of adapter values (A and B of every target of every layer) of `cfg` on a model of
-/// `mc`, or nullopt when it does not fit in 64 bits: what lora_adapters allocates per copy.
-inline std::optional<std::uint64_t> lora_value_count(const model_config& mc,
-                                                     const lora_config& cfg) {
+/// `num_layers` layers whose parameter table is `layer_table`, or nullopt when it does not fit in
+/// 64 bits: what lora_adapters allocates per copy.
+inline std::optional<std::uint64_t> lora_value_count(std::span<const param_spec> layer_table,
+                                                     index_t num_layers, const lora_config& cfg) {
   std::uint64_t total = 0;
   for (projection p : cfg.projections()) {
-    const auto [out, in] = projection_extents(mc, p);
+    const auto [out, in] = projection_extents(layer_table, p);
     const auto per_layer =
         checked_product({static_cast<std::uint64_t>(cfg.rank),
                          static_cast<std::uint64_t>(in) + static_cast<std::uint64_t>(out)});
     if (!per_layer) return std::nullopt;
-    const auto all =
-        checked_product({*per_layer, static_cast<std::uint64_t>(mc.num_hidden_layers)});
+    const auto all = checked_product({*per_layer, static_cast<std::uint64_t>(num_layers)});
     if (!all) return std::nullopt;
     const auto sum = checked_sum(total, *all);
     if (!sum) return std::nullopt;
@@ -153,13 +149,15 @@ inline std::optional<std::uint64_t> lora_value_count(const model_config& mc,
 }
 
 /// The LoRA adapters of a decoder model: owns them, binds them to the model's layers.
-template <TransformerBackend B>
+template <DecoderModel M>
+requires LoraLayer<typename M::layer_type, typename M::backend_type>
 class lora_adapters {
  public:
+  using B = typename M::backend_type;
   using T = storage_t<B>;
   using A = accum_t<B>;
 
-  lora_adapters(decoder_model<B>& model, lora_config config)
+  lora_adapters(M& model, lora_config config)
       : model_(&model), cfg_(std::move(config)), params_(model.backend()) {
     cfg_.validate();
     const model_config& mc = model.config();
@@ -170,7 +168,10 @@ class lora_adapters {
       b.rank = cfg_.rank;
       b.scale = cfg_.scale();
       for (projection p : targets_) {
-        const auto [out, in] = projection_extents(mc, p);
+        const auto shape = model.parameters().shape(base_id(l, p));  // (out, in)
+        check(shape.size() == 2, "lora_adapters: parameter '",
+              model.parameters().name(base_id(l, p)), "' is not a matrix");
+        const index_t out = shape[0], in = shape[1];
         const auto k = static_cast<std::size_t>(p);
         b.a[k] =
             static_cast<std::ptrdiff_t>(params_.add(peft_lora_name(l, p, 'A'), {cfg_.rank, in}));
@@ -194,7 +195,7 @@ class lora_adapters {
   /// The adapters: A (r, in) and B (out, r) of every targeted projection, PEFT names.
   parameter_set<B>& parameters() { return params_; }
   const parameter_set<B>& parameters() const { return params_; }
-  decoder_model<B>& model() const { return *model_; }
+  M& model() const { return *model_; }
   /// Whether the layers compute with the adapters (false after merge()).
   bool bound() const { return bound_; }
   /// Positions of layer l's A and B of projection p in parameters().
@@ -263,7 +264,7 @@ class lora_adapters {
     bound_ = false;
   }
 
-  decoder_model<B>* model_;
+  M* model_;
   lora_config cfg_;
   parameter_set<B> params_;
   std::vector<projection> targets_;

@@ -1,10 +1,13 @@
-// tightfit/nn/model.hpp: a decoder-only transformer of the Llama / Qwen2 / Qwen3 family, or
-// Gemma 2 / Gemma 3 with L = gemma_layer<B> (nn/gemma_layer.hpp; the model-level Gemma parts,
-// the embedding scaled by sqrt(hidden_size), the final norm's (1 + w) and the final logit
-// soft-capping, live in stream/ and read model_config).
+// tightfit/nn/model.hpp: a decoder-only transformer over any DecoderLayer L: the embedding, L's
+// layers, the final norm and the LM head (nn/layer.hpp's DecoderModel). The shipped layers:
+// decoder_layer (Llama / Mistral / Qwen2 / Qwen3, nn/decoder_layer.hpp: llama_model<B>) and
+// gemma_layer (Gemma 2 / Gemma 3, nn/gemma_layer.hpp: gemma_model<B>); the one a config names:
+// nn/architectures.hpp. The model-level architecture facts (the embedding multiplier, the
+// norms' offset, the final logit soft-capping) are model_config's and are read where they act
+// (stream/).
 //
 // Parameters live in one parameter_set under their Hugging Face names (nn/parameters.hpp's
-// hf_names; each layer's rows come from L::parameter_table, see decoder_layer.hpp):
+// hf_names; each layer's rows come from L::parameter_table):
 //   model.embed_tokens.weight (V, d), model.layers.N.* (the layer's table),
 //   model.norm.weight (d), lm_head.weight (V, d) unless tie_word_embeddings (then the head
 //   reads model.embed_tokens.weight and its gradient accumulates there).
@@ -14,20 +17,18 @@
 #include <cstdint>
 #include <random>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "tightfit/backend/concept.hpp"
 #include "tightfit/nn/config.hpp"
-#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/layer.hpp"
 #include "tightfit/nn/parameters.hpp"
 
 namespace tightfit {
 
 /// The model: configuration, parameters and the layers that read them. L is the layer type
-/// (decoder_layer<B> for Llama / Qwen; any DecoderLayer, e.g. a user's own).
-template <TransformerBackend B, class L = decoder_layer<B>>
+/// (any DecoderLayer: a shipped one or a user's own).
+template <TransformerBackend B, class L>
 requires DecoderLayer<L, B>
 class decoder_model {
  public:
@@ -38,9 +39,6 @@ class decoder_model {
 
   decoder_model(B& backend, const model_config& config) : cfg_(config), params_(backend) {
     cfg_.validate();
-    if constexpr (std::is_same_v<L, decoder_layer<B>>)
-      check(!cfg_.is_gemma(), "decoder_model: ", cfg_.architecture,
-            " needs the Gemma layer: decoder_model<B, gemma_layer<B>> (nn/gemma_layer.hpp)");
     embed_ = params_.add(hf_names::embedding, {cfg_.vocab_size, cfg_.hidden_size});
     const auto table = L::parameter_table(cfg_);
     for (index_t l = 0; l < cfg_.num_hidden_layers; ++l) {
@@ -61,9 +59,9 @@ class decoder_model {
   decoder_model(const decoder_model&) = delete;
   decoder_model& operator=(const decoder_model&) = delete;
 
-  /// Random initialisation: matrices and biases ~ N(0, std^2), norm weights
-  /// 1 + N(0, norm_jitter^2) (Gemma, whose norms scale by 1 + w: N(0, norm_jitter^2);
-  /// norm_jitter > 0 makes tests exercise the norm-weight gradients).
+  /// Random initialisation: matrices and biases ~ N(0, std^2), norm weights whose scale is
+  /// 1 + N(0, norm_jitter^2) (w = 1 - norm_offset + N(0, norm_jitter^2): Gemma's (1 + w) norms
+  /// get N(0, norm_jitter^2); norm_jitter > 0 makes tests exercise the norm-weight gradients).
   void init_random(std::uint64_t seed, double std = 0.02, double norm_jitter = 0.0) {
     std::mt19937_64 gen(seed);
     std::normal_distribution<double> dist(0.0, 1.0);
@@ -102,8 +100,8 @@ class decoder_model {
     return params_.shape(i).size() == 1 && !bias;
   }
 
-  /// The stored norm weight whose scale is 1: 1, or 0 for Gemma's (1 + w).
-  double norm_one() const { return cfg_.is_gemma() ? 0.0 : 1.0; }
+  /// The stored norm weight whose scale is 1: 1 - norm_offset (0 for Gemma's (1 + w)).
+  double norm_one() const { return 1.0 - cfg_.norm_offset(); }
 
   void set_norms_to_one() {
     for (std::size_t i = 0; i < params_.size(); ++i)

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -72,8 +73,8 @@ inline nlohmann::json peft_adapter_config(const lora_config& cfg, const peft_sav
 
 /// Writes DIR/adapter_model.safetensors (the adapters in their value type) and
 /// DIR/adapter_config.json; creates DIR.
-template <TransformerBackend B>
-void save_peft_adapter(const std::filesystem::path& dir, lora_adapters<B>& adapters,
+template <class M>
+void save_peft_adapter(const std::filesystem::path& dir, lora_adapters<M>& adapters,
                        const peft_save_options& o = {}) {
   std::filesystem::create_directories(dir);
   save_hf_weights(dir / "adapter_model.safetensors", adapters.parameters());
@@ -139,15 +140,17 @@ inline lora_config read_peft_config(const std::filesystem::path& dir) {
 }
 
 /// Checks DIR/adapter_model.safetensors against `cfg` (its adapter_config.json's) on a model of
-/// `mc` from the file's header alone, before any adapter is allocated: every lora_A (r, in) and
-/// lora_B (out, r) of the targets is there with its shape. Errors name the file and the tensor.
-inline void check_peft_adapter_shapes(const std::filesystem::path& dir, const model_config& mc,
+/// `num_layers` layers whose parameter table is `layer_table` (L::parameter_table(config)) from
+/// the file's header alone, before any adapter is allocated: every lora_A (r, in) and lora_B
+/// (out, r) of the targets is there with its shape. Errors name the file and the tensor.
+inline void check_peft_adapter_shapes(const std::filesystem::path& dir,
+                                      std::span<const param_spec> layer_table, index_t num_layers,
                                       const lora_config& cfg) {
   const std::filesystem::path path = dir / "adapter_model.safetensors";
   const auto file = safetensors_file::open(path);
-  for (index_t l = 0; l < mc.num_hidden_layers; ++l)
+  for (index_t l = 0; l < num_layers; ++l)
     for (projection p : cfg.projections()) {
-      const auto [out, in] = projection_extents(mc, p);
+      const auto [out, in] = projection_extents(layer_table, p);
       for (char which : {'A', 'B'}) {
         const std::string name = peft_lora_name(l, p, which);
         check(file.contains(name), path.string(), ": tensor '", name, "' is missing");
@@ -163,8 +166,8 @@ inline void check_peft_adapter_shapes(const std::filesystem::path& dir, const mo
 
 /// Loads DIR's adapters into `adapters`, whose configuration must be DIR's (rank, alpha,
 /// rsLoRA, targets: an error names the difference); every tensor must be there with its shape.
-template <TransformerBackend B>
-void load_peft_adapter(const std::filesystem::path& dir, lora_adapters<B>& adapters) {
+template <class M>
+void load_peft_adapter(const std::filesystem::path& dir, lora_adapters<M>& adapters) {
   const lora_config saved = read_peft_config(dir);
   const lora_config& have = adapters.config();
   const std::string src = (dir / "adapter_config.json").string();
@@ -179,8 +182,8 @@ void load_peft_adapter(const std::filesystem::path& dir, lora_adapters<B>& adapt
 }
 
 /// Writes the merged model (call adapters.merge() first): DIR/model.safetensors + config.json.
-template <TransformerBackend B>
-void save_merged_model(const std::filesystem::path& dir, lora_adapters<B>& adapters) {
+template <class M>
+void save_merged_model(const std::filesystem::path& dir, lora_adapters<M>& adapters) {
   check(!adapters.bound(), "save_merged_model: merge the adapters first (lora_adapters::merge)");
   std::filesystem::create_directories(dir);
   save_hf_weights(dir, adapters.model().parameters());

@@ -117,17 +117,6 @@ void gather_shard_rows(B& be, index_t batch, const sequence_shard& s,
               dst.row_range(b * tl + k.local0, b * tl + k.local0 + sequence_shard::size(k)));
 }
 
-/// The inverse of gather_shard_rows: src (B*Tl, w) into the shard's rows of dst (B*T, w).
-template <DenseBackend B>
-void scatter_shard_rows(B& be, index_t batch, const sequence_shard& s,
-                        matrix_view<const storage_t<B>> src, matrix_view<storage_t<B>> dst) {
-  const index_t t = s.seq_len, tl = s.local_len();
-  for (index_t b = 0; b < batch; ++b)
-    for (const auto& k : s.blocks)
-      be.copy(src.row_range(b * tl + k.local0, b * tl + k.local0 + sequence_shard::size(k)),
-              dst.row_range(b * t + k.p0, b * t + k.p1));
-}
-
 /// The K/V ring the driver hands a layer (see the top comment). A block of owner o is the
 /// (B*Tl_o, w) rows of o's positions in o's local layout, in a buffer of B * max_local rows
 /// (every rank's buffers have one size). shift(buf): buf <- rank - 1's buf, in place (each rank

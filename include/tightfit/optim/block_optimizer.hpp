@@ -2,8 +2,12 @@
 // blocks, in the ensmallen style (policies as template parameters): BAdam (Luo, Yu, Li, NeurIPS
 // 2024) and, with an expansion policy, BREAD (Luo et al., NeurIPS 2025).
 //
-//   block_optimizer<B, Update = adam_update_rule, Order = random_reshuffle,
+//   block_optimizer<M, Update = adam_update_rule, Order = random_reshuffle,
 //                   Expansion = no_expansion>
+//
+// M is any TrainableModel (nn/layer.hpp: a DecoderModel on a Backend), e.g. llama_model<B>,
+// gemma_model<B> or decoder_model<B, L> over a user's own layer; the optimizer reads only the
+// model's parameters, its layers' parameter positions and its config.
 //
 // One block of the partition is active at a time. It is updated by exactly K = switch_every
 // optimizer steps (the first block too), then the order policy names the next block. On each
@@ -38,7 +42,7 @@
 
 #include "tightfit/backend/concept.hpp"
 #include "tightfit/core/error.hpp"
-#include "tightfit/nn/model.hpp"
+#include "tightfit/nn/layer.hpp"
 #include "tightfit/optim/expansion.hpp"
 #include "tightfit/optim/order.hpp"
 #include "tightfit/optim/partition.hpp"
@@ -76,15 +80,17 @@ struct local_gradients {
 };
 
 /// Block coordinate optimizer (see the top comment).
-template <Backend B, UpdateRule Update = adam_update_rule, BlockOrder Order = random_reshuffle,
-          class Expansion = no_expansion>
+template <TrainableModel M, UpdateRule Update = adam_update_rule,
+          BlockOrder Order = random_reshuffle, class Expansion = no_expansion>
 class block_optimizer {
  public:
-  using T = typename B::value_type;
-  using expansion_runner = typename Expansion::template runner<B>;
+  using model_type = M;
+  using backend_type = typename M::backend_type;
+  using T = typename backend_type::value_type;
+  using expansion_runner = typename Expansion::template runner<M>;
 
-  block_optimizer(decoder_model<B>& model, block_partition partition, Update update = {},
-                  Order order = {}, Expansion expansion = {}, const block_options& options = {})
+  block_optimizer(M& model, block_partition partition, Update update = {}, Order order = {},
+                  Expansion expansion = {}, const block_options& options = {})
       : model_(&model),
         partition_(std::move(partition)),
         update_(std::move(update)),
@@ -213,7 +219,6 @@ class block_optimizer {
   std::int64_t steps() const { return total_steps_; }
   /// Bytes of optimizer state: the update rule's for the active block plus the expansion's.
   std::size_t state_bytes() const { return state_.bytes() + runner_.bytes(); }
-  std::size_t update_state_bytes() const { return state_.bytes(); }
   const block_partition& partition() const { return partition_; }
   const block_options& options() const { return options_; }
   expansion_runner& expansion() { return runner_; }
@@ -377,16 +382,16 @@ class block_optimizer {
   /// Frees the old block's state and gradients, creates a fresh state for block b.
   void activate(index_t b) {
     auto& params = model_->parameters();
-    state_ = rule_state<B, Update>{};  // freed before the new one is allocated
+    state_ = rule_state<backend_type, Update>{};  // freed before the new one is allocated
     for (std::size_t i = 0; i < params.size(); ++i)
       if (params.has_grad(i)) params.release_grad(i);
     active_ = b;
     steps_in_block_ = 0;
     const auto& ids = active_ids();
-    state_ = rule_state<B, Update>(params, std::span<const std::size_t>(ids), update_);
+    state_ = rule_state<backend_type, Update>(params, std::span<const std::size_t>(ids), update_);
   }
 
-  decoder_model<B>* model_;
+  M* model_;
   block_partition partition_;
   Update update_;
   Order order_;
@@ -395,7 +400,7 @@ class block_optimizer {
   std::mt19937_64 rng_;
   expansion_runner runner_;
   std::vector<block_info> info_;
-  rule_state<B, Update> state_;
+  rule_state<backend_type, Update> state_;
   std::vector<index_t> sequence_;  // the current pass
   bool started_ = false;
   index_t active_ = 0;
@@ -404,17 +409,17 @@ class block_optimizer {
 };
 
 /// Full-parameter training with one update rule (Adam, AdamW, SGD): one block, never switched.
-template <Backend B, UpdateRule Update = adam_update_rule>
-using full_optimizer = block_optimizer<B, Update, fixed_order, no_expansion>;
+template <TrainableModel M, UpdateRule Update = adam_update_rule>
+using full_optimizer = block_optimizer<M, Update, fixed_order, no_expansion>;
 
 /// A full optimizer over every parameter of `model`.
-template <UpdateRule Update, Backend B>
-full_optimizer<B, Update> make_full_optimizer(decoder_model<B>& model, Update update = {},
+template <UpdateRule Update, TrainableModel M>
+full_optimizer<M, Update> make_full_optimizer(M& model, Update update = {},
                                               double max_grad_norm = 0) {
   block_options o;
   o.switch_every = 1;
   o.max_grad_norm = max_grad_norm;
-  return full_optimizer<B, Update>(model, block_partition::whole(model.parameters()),
+  return full_optimizer<M, Update>(model, block_partition::whole(model.parameters()),
                                    std::move(update), fixed_order{0}, no_expansion{}, o);
 }
 

@@ -34,16 +34,16 @@
 
 #include "tightfit/backend/concept.hpp"
 #include "tightfit/core/error.hpp"
-#include "tightfit/nn/model.hpp"
+#include "tightfit/nn/layer.hpp"
 
 namespace tightfit {
 
 /// Which inactive layers an expansion updates.
 enum class expansion_scope { partial, all };
 
-template <Backend B>
+template <TrainableModel M>
 class sgd_expansion_runner;
-template <Backend B>
+template <TrainableModel M>
 class lora_expansion_runner;
 
 /// No expansion (BAdam).
@@ -52,10 +52,10 @@ struct no_expansion {
   static constexpr const char* name = "none";
   static constexpr bool expands = false;
 
-  template <Backend B>
+  template <TrainableModel M>
   class runner {
    public:
-    runner(const no_expansion& /*e*/, decoder_model<B>& /*model*/) {}
+    runner(const no_expansion& /*e*/, M& /*model*/) {}
     void apply_layer(index_t /*l*/, double /*lr_factor*/) {}
     std::size_t bytes() const { return 0; }
     template <class W>
@@ -73,16 +73,16 @@ struct sgd_expansion {
   static constexpr const char* name = "sgd";
   static constexpr bool expands = true;
 
-  template <Backend B>
-  using runner = sgd_expansion_runner<B>;
+  template <TrainableModel M>
+  using runner = sgd_expansion_runner<M>;
 };
 
 /// The per-run state of sgd_expansion.
-template <Backend B>
+template <TrainableModel M>
 class sgd_expansion_runner {
  public:
-  using T = typename B::value_type;
-  sgd_expansion_runner(const sgd_expansion& e, decoder_model<B>& model) : e_(e), model_(&model) {
+  using T = typename M::backend_type::value_type;
+  sgd_expansion_runner(const sgd_expansion& e, M& model) : e_(e), model_(&model) {
     check(e.lr >= 0, "sgd_expansion: lr is ", e.lr, ", expected >= 0");
   }
   /// W -= lr g (sign(g)) for every parameter of layer l, then frees its gradients.
@@ -106,7 +106,7 @@ class sgd_expansion_runner {
 
  private:
   sgd_expansion e_;
-  decoder_model<B>* model_;
+  M* model_;
 };
 
 /// BREAD-LoRA: low-rank corrections of the inactive layers' matrices, trained by Adam.
@@ -121,17 +121,17 @@ struct lora_expansion {
   static constexpr const char* name = "lora";
   static constexpr bool expands = true;
 
-  template <Backend B>
-  using runner = lora_expansion_runner<B>;
+  template <TrainableModel M>
+  using runner = lora_expansion_runner<M>;
 };
 
 /// The per-run state of lora_expansion.
-template <Backend B>
+template <TrainableModel M>
 class lora_expansion_runner {
  public:
+  using B = typename M::backend_type;
   using T = typename B::value_type;
-  lora_expansion_runner(const lora_expansion& e, decoder_model<B>& model)
-      : e_(e), model_(&model), rng_(e.seed) {
+  lora_expansion_runner(const lora_expansion& e, M& model) : e_(e), model_(&model), rng_(e.seed) {
     check(e.rank >= 1, "lora_expansion: rank is ", e.rank, ", expected >= 1");
     check(e.lr >= 0, "lora_expansion: lr is ", e.lr, ", expected >= 0");
     check(e.loraplus_ratio > 0, "lora_expansion: loraplus_ratio is ", e.loraplus_ratio,
@@ -321,7 +321,7 @@ class lora_expansion_runner {
   }
 
   lora_expansion e_;
-  decoder_model<B>* model_;
+  M* model_;
   std::mt19937_64 rng_;
   std::vector<layer_adapters> layers_;
 };

@@ -7,7 +7,7 @@
 // or head gradient, and weight gradients asked of the layers that carry adapters, so the layers
 // accumulate the adapters' gradients only, exactly
 //     dB = s dW A^T,   dA = s B^T dW   (dW: the gradient of the merged weight W0 + s B A),
-// computed without forming dW (nn/decoder_layer.hpp). Backprop stops below the lowest adapted
+// computed without forming dW (nn/adapters.hpp). Backprop stops below the lowest adapted
 // layer. Memory: the adapters, their gradients and the rule's state (Adam: 2x) beside the frozen
 // model; no gradient of the model is ever allocated.
 //
@@ -33,21 +33,24 @@
 
 namespace tightfit {
 
-/// An update rule on the LoRA adapters of a frozen model (see the top comment).
-template <Backend B, UpdateRule Update = adamw_update_rule>
+/// An update rule on the LoRA adapters of a frozen model (see the top comment). M: the model
+/// (a TrainableModel whose layer takes adapters).
+template <TrainableModel M, UpdateRule Update = adamw_update_rule>
 class lora_optimizer {
  public:
-  using T = typename B::value_type;
+  using model_type = M;
+  using backend_type = typename M::backend_type;
+  using T = typename backend_type::value_type;
 
   /// max_grad_norm > 0 clips the adapters' gradient to that global norm.
-  lora_optimizer(lora_adapters<B>& adapters, Update update = {}, double max_grad_norm = 0)
+  lora_optimizer(lora_adapters<M>& adapters, Update update = {}, double max_grad_norm = 0)
       : adapters_(&adapters), update_(std::move(update)), max_grad_norm_(max_grad_norm) {
     check(max_grad_norm >= 0, "lora_optimizer: max_grad_norm is ", max_grad_norm,
           ", expected >= 0 (0: off)");
     update_.validate();
     auto& ap = adapters.parameters();
     for (std::size_t i = 0; i < ap.size(); ++i) ids_.push_back(i);
-    state_ = rule_state<B, Update>(ap, std::span<const std::size_t>(ids_), update_);
+    state_ = rule_state<backend_type, Update>(ap, std::span<const std::size_t>(ids_), update_);
   }
   lora_optimizer(const lora_optimizer&) = delete;
   lora_optimizer& operator=(const lora_optimizer&) = delete;
@@ -60,12 +63,12 @@ class lora_optimizer {
   std::int64_t steps() const { return state_.steps(); }
   /// Bytes of the rule's state (Adam: the two moments of every adapter).
   std::size_t state_bytes() const { return state_.bytes(); }
-  lora_adapters<B>& adapters() const { return *adapters_; }
+  lora_adapters<M>& adapters() const { return *adapters_; }
 
   /// The backward options of a LoRA step: `base` with the gradient control set (frozen base,
   /// no embedding or head gradient, weight gradients in the layers).
   backward_options lora_backward_options(const backward_options& base = {}) const {
-    decoder_model<B>& model = adapters_->model();
+    M& model = adapters_->model();
     backward_options opt = base;
     opt.layer_weight_grads.assign(static_cast<std::size_t>(model.config().num_hidden_layers), true);
     opt.embedding_grad = false;
@@ -169,11 +172,11 @@ class lora_optimizer {
     adapters_->parameters().backend().upload(std::span<const T>(h), dst);
   }
 
-  lora_adapters<B>* adapters_;
+  lora_adapters<M>* adapters_;
   Update update_;
   double max_grad_norm_ = 0;
   std::vector<std::size_t> ids_;
-  rule_state<B, Update> state_;
+  rule_state<backend_type, Update> state_;
   double lr_factor_ = 1.0;
 };
 

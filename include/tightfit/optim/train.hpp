@@ -1,22 +1,25 @@
 // tightfit/optim/train.hpp: a training loop for any model, any optimizer of optim/ (block
-// coordinate or full), any learning-rate schedule, any objective, and callbacks in the manner of
-// ensmallen's: detected, not required.
+// coordinate or full), any learning-rate schedule, any objective, any way of computing a step's
+// gradients, and callbacks in the manner of ensmallen's: detected, not required.
 //
 // Data: token_dataset, N rows of T tokens: input_ids (N, T) and labels (N, T) in the Hugging
 // Face convention (unshifted; -100 ignored; labels absent: the inputs themselves), in memory
 // (io/token_file.hpp reads them from a safetensors file).
 //
-// A step takes G = R x A x B rows: B rows per micro-batch (train_options::batch), A micro-batches
-// per step and rank (train_options::grad_accum, gradient accumulation), R ranks of a
-// Communicator (train(comm, ...): data parallelism; R = 1 without one). Step s trains on rows
-// [s*G, s*G + G) modulo N, rank r's micro-batch m on the B rows from s*G + (r*A + m)*B: the
-// union of a step's pieces is the batch of one process run with --batch G. With A > 1 or R > 1
-// the gradients come from step_gradients (dist/data_parallel.hpp), whose normalisers span the
-// whole step, so the update equals the one-process update on the union batch (to rounding).
-// With train_options::parallel = sequence the ranks split positions instead of rows: a step
-// takes G = A x B rows, every rank passes micro-batch m (rows s*G + m*B onwards) whole and
-// computes its shard of their positions (dist/sequence_step.hpp; the layer must be a
-// SequenceParallelLayer), with the same union batch and the same update.
+// How a step's gradients are computed is a parameter of train(), a TrainingGradients policy:
+//  - data_parallel_training<C>{&comm} (dist/data_parallel.hpp; also what train(comm, ...) and
+//    the one-process train(...) use): each of the R ranks of a Communicator its own rows;
+//  - sequence_parallel_training<C>{&comm, options} (dist/sequence_step.hpp): every rank the
+//    step's rows, each computing its shard of their positions (the layer must be a
+//    SequenceParallelLayer).
+// A step takes G = R' x A x B rows: B rows per micro-batch (train_options::batch), A micro-batches
+// per step and rank (train_options::grad_accum, gradient accumulation), R' ranks that split the
+// rows (the policy's row_ranks(): R for data parallelism, 1 for sequence parallelism). Step s
+// trains on rows [s*G, s*G + G) modulo N, row rank r's micro-batch m on the B rows from
+// s*G + (r*A + m)*B: the union of a step's pieces is the batch of one process run with
+// --batch G. With A > 1 or more than one rank the optimizer's step gets the policy's gradients
+// over the step's pieces, whose normalisers span the whole step, so the update equals the
+// one-process update on the union batch (to rounding).
 //
 // Each step sets the optimizer's learning-rate factor from the schedule, builds each piece's
 // objective (a copy of the Objective given, or objective(batch) when a factory is given), steps,
@@ -41,7 +44,6 @@
 #include "tightfit/dist/communicator.hpp"
 #include "tightfit/dist/data_parallel.hpp"
 #include "tightfit/dist/self_communicator.hpp"
-#include "tightfit/dist/sequence_step.hpp"
 #include "tightfit/loss/objective.hpp"
 #include "tightfit/nn/layer.hpp"
 #include "tightfit/optim/block_optimizer.hpp"
@@ -131,20 +133,24 @@ inline dataset_batch make_batch(const token_dataset& data, index_t first, index_
   return b;
 }
 
-/// How train(comm, ...) uses the ranks of its communicator.
-enum class train_parallelism {
-  data,     ///< each rank its own rows of every step
-  sequence  ///< every rank the step's rows, each a shard of their positions
-};
-
 /// Options of train().
 struct train_options {
   std::int64_t steps = 100;
   index_t batch = 1;          ///< rows per micro-batch (and rank, with data parallelism)
   index_t grad_accum = 1;     ///< micro-batches per optimizer step (and rank)
   backward_options backward;  ///< schedule, chunk, ... (gradient control: the optimizer's)
-  train_parallelism parallel = train_parallelism::data;
-  sequence_parallel_options sequence{};  ///< the position assignment (parallel = sequence)
+};
+
+/// How train() computes a step's gradients (see the top comment): ranks() in all, row_ranks()
+/// of them splitting the step's rows with this rank at row_rank(), accepts<M> (whether it runs
+/// models M), and pieces(batches, objectives, sync): the gradient policy (block_optimizer::step's
+/// `gradients`) of a step split into this rank's micro-batches `batches`, micro-batch i with
+/// objectives[i], the gradients all-reduced or (sync none) left as each rank's own sums.
+template <class P>
+concept TrainingGradients = requires(const P& p) {
+  { p.ranks() } -> std::convertible_to<index_t>;
+  { p.row_ranks() } -> std::convertible_to<index_t>;
+  { p.row_rank() } -> std::convertible_to<index_t>;
 };
 
 /// What callbacks see when the run begins.
@@ -224,49 +230,33 @@ constexpr gradient_sync gradient_sync_of() {
     return gradient_sync::all_reduce;
 }
 
-/// The gradient policy of a step split into pieces (micro-batches of this rank, ranks of comm):
-/// step_gradients over this rank's pieces, each with its own objective. The batch and the
-/// objective the optimizer passes are the first piece's and are not used on their own.
-template <class Obj, class C>
-struct pieces_gradients {
-  std::span<const token_batch> batches;
-  std::vector<Obj>* objectives;
-  C* comm;
-  gradient_sync sync = gradient_sync::all_reduce;
-
-  template <class M, class O>
-  backward_result operator()(M& model, const token_batch&, O&, const backward_options& opt) const {
-    return step_gradients(
-        model, batches, [this](std::size_t i) -> Obj& { return (*objectives)[i]; }, opt, *comm,
-        nullptr, sync);
-  }
-};
-
 }  // namespace detail
 
 /// Trains `model` for options.steps steps on `objective` (an Objective, copied for each piece of
 /// a step, or a factory objective(const dataset_batch&) returning one), calling `callbacks` (see
-/// the top comment), as rank comm.rank() of comm.size(): every rank must call it alike, with the
-/// same data, model, options and optimizer. The optimizer's step(batch, objective, backward,
-/// gradients) receives a gradient policy over the step's pieces when grad_accum > 1 or the
-/// communicator has more than one rank.
-template <Communicator C, DecoderModel M, class Optimizer, LrSchedule Schedule,
+/// the top comment), the gradients computed by `gradients` (see the top comment): every rank
+/// must call it alike, with the same data, model, options and optimizer. The optimizer's
+/// step(batch, objective, backward, gradients) receives the policy's gradients over the step's
+/// pieces when grad_accum > 1 or the policy has more than one rank.
+template <TrainingGradients P, DecoderModel M, class Optimizer, LrSchedule Schedule,
           class ObjectiveSource, class... Callbacks>
-train_summary train(C& comm, M& model, const token_dataset& data, Optimizer& optimizer,
+train_summary train(const P& gradients, M& model, const token_dataset& data, Optimizer& optimizer,
                     const Schedule& schedule, const train_options& options,
                     ObjectiveSource&& objective, Callbacks&&... callbacks) {
   static_assert((detail::is_train_callback<std::remove_cvref_t<Callbacks>> && ...),
                 "a train() callback needs on_begin, on_step or on_end, or to be callable as "
                 "f(std::int64_t step, const step_result&)");
+  static_assert(P::template accepts<M>,
+                "train: this gradient policy cannot run this model (sequence parallelism needs a "
+                "layer with the sequence-parallel extension, SequenceParallelLayer)");
   using clock = std::chrono::steady_clock;
   using objective_type = decltype(detail::make_objective(objective, std::declval<dataset_batch>()));
   check(options.steps >= 0, "train: steps is ", options.steps, ", expected >= 0");
   check(options.batch >= 1, "train: batch is ", options.batch, ", expected >= 1");
   check(options.grad_accum >= 1, "train: grad_accum is ", options.grad_accum, ", expected >= 1");
-  const bool by_sequence = options.parallel == train_parallelism::sequence;
-  const index_t ranks = comm.size(), rank = comm.rank();
+  const index_t ranks = gradients.ranks();
   // ranks sharing rows (data parallelism) and this rank's place among them
-  const index_t row_ranks = by_sequence ? 1 : ranks, row_rank = by_sequence ? 0 : rank;
+  const index_t row_ranks = gradients.row_ranks(), row_rank = gradients.row_rank();
   constexpr index_t most = std::numeric_limits<index_t>::max();
   check(options.batch <= most / options.grad_accum / ranks, "train: batch ", options.batch,
         " x grad_accum ", options.grad_accum, " x ranks ", ranks, " does not fit in 64 bits");
@@ -276,10 +266,6 @@ train_summary train(C& comm, M& model, const token_dataset& data, Optimizer& opt
     check(!pieces,
           "train: gradient accumulation and data parallelism need an objective whose "
           "normalisers span the step (StepNormalisedObjective)");
-  if constexpr (!SequenceParallelLayer<typename M::layer_type, typename M::backend_type>)
-    check(!by_sequence,
-          "train: sequence parallelism needs a layer with the sequence-parallel "
-          "extension (SequenceParallelLayer); this model's layer has none");
   data.validate(model.config().vocab_size);
   train_summary sum;
   const auto start = clock::now();
@@ -315,16 +301,9 @@ train_summary train(C& comm, M& model, const token_dataset& data, Optimizer& opt
         views.push_back(b.view());
         objectives.push_back(detail::make_objective(objective, b));
       }
-      if (!by_sequence) {
-        detail::pieces_gradients<objective_type, C> policy{views, &objectives, &comm,
-                                                           detail::gradient_sync_of<Optimizer>()};
-        r = optimizer.step(views.front(), objectives.front(), options.backward, policy);
-      } else if constexpr (SequenceParallelLayer<typename M::layer_type,
-                                                 typename M::backend_type>) {
-        sequence_parallel_steps<objective_type, C> policy{
-            views, &objectives, &comm, options.sequence, detail::gradient_sync_of<Optimizer>()};
-        r = optimizer.step(views.front(), objectives.front(), options.backward, policy);
-      }
+      r = optimizer.step(views.front(), objectives.front(), options.backward,
+                         gradients.pieces(std::span<const token_batch>(views), objectives,
+                                          detail::gradient_sync_of<Optimizer>()));
     }
     // Non-finite policy: stop before anything non-finite is logged or saved.
     check(std::isfinite(r.loss), "train: step ", global + 1, ": the loss is ", r.loss,
@@ -344,6 +323,16 @@ train_summary train(C& comm, M& model, const token_dataset& data, Optimizer& opt
   sum.state_bytes = optimizer.state_bytes();
   (detail::callback_end(callbacks, sum), ...);
   return sum;
+}
+
+/// train() data parallel over the ranks of `comm` (data_parallel_training).
+template <Communicator C, DecoderModel M, class Optimizer, LrSchedule Schedule,
+          class ObjectiveSource, class... Callbacks>
+train_summary train(C& comm, M& model, const token_dataset& data, Optimizer& optimizer,
+                    const Schedule& schedule, const train_options& options,
+                    ObjectiveSource&& objective, Callbacks&&... callbacks) {
+  return train(data_parallel_training<C>{&comm}, model, data, optimizer, schedule, options,
+               std::forward<ObjectiveSource>(objective), std::forward<Callbacks>(callbacks)...);
 }
 
 /// train() in one process (a self_communicator): gradient accumulation when

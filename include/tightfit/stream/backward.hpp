@@ -41,7 +41,6 @@
 #include "tightfit/core/error.hpp"
 #include "tightfit/loss/objective.hpp"
 #include "tightfit/nn/layer.hpp"
-#include "tightfit/nn/model.hpp"
 #include "tightfit/stream/head.hpp"
 #include "tightfit/stream/layer_inputs.hpp"
 
@@ -203,10 +202,27 @@ inline std::vector<token_id> masked_targets(const token_batch& batch) {
 
 }  // namespace detail
 
-/// Loss and parameter gradients of `model` on `batch` under `objective` (see the top comment).
-template <DecoderModel M, Objective O>
-backward_result compute_gradients(M& model, const token_batch& batch, O& objective,
-                                  const backward_options& opt) {
+namespace detail {
+
+/// The gradient driver shared by compute_gradients and sequence_parallel_gradients
+/// (dist/sequence_parallel.hpp), which differ only in where the rows are and how a layer runs,
+/// given as a Pass:
+///   rows()                     activation rows this process holds (B*T, or B*Tl of a shard)
+///   input_ids()                (rows) the ids of those rows (embedding forward and backward)
+///   head_chunk                 positions per chunk the default head chunk is sized from
+///   forward(layer, seq, x, y, chunk, keep)          one layer's forward over the rows
+///   backward(layer, seq, x, dy, dx, chunk, mode)    one layer's whole backward (dy, dx alias)
+///   head(hidden, hopt, dhidden, weight_grads, &statistics_seconds) -> the loss
+///   grads_ready(event)         a group's gradients are final (head, each layer, embedding)
+///   finish()                   before the peak is read (wait for what grads_ready started)
+/// The driver: which layers need what, gradient buffers, the embedding (times the config's
+/// embedding_multiplier), the layers' forward keeping every keep_every-th input (with offload to
+/// a host tier), the head, the layers' backward top to bottom (recomputing dropped inputs a
+/// segment at a time, fetching offloaded ones a layer ahead), the embedding's backward. The
+/// caller has validated the batch (validate_batch).
+template <DecoderModel M, class Pass>
+backward_result run_backward(M& model, const token_batch& batch, const backward_options& opt,
+                             Pass& pass) {
   using B = typename M::backend_type;
   using T = storage_t<B>;
   using clock = std::chrono::steady_clock;
@@ -214,7 +230,6 @@ backward_result compute_gradients(M& model, const token_batch& batch, O& objecti
   B& be = model.backend();
   const model_config& cfg = model.config();
   const index_t nl = cfg.num_hidden_layers, d = cfg.hidden_size;
-  detail::validate_batch(model, batch);
   check(opt.chunk >= 1, "compute_gradients: chunk is ", opt.chunk, ", expected >= 1");
   check(opt.keep_every >= 1 && opt.keep_every <= std::max<index_t>(1, nl),
         "compute_gradients: keep_every is ", opt.keep_every, ", expected in [1, ", nl,
@@ -229,14 +244,7 @@ backward_result compute_gradients(M& model, const token_batch& batch, O& objecti
         "compute_gradients: layer_weight_grads has ", opt.layer_weight_grads.size(),
         " entries, expected ", nl, " (one per layer) or none");
   const sequence_batch seq{batch.batch, batch.seq_len, batch.lengths, batch.position_ids};
-  const index_t t = seq.seq_len, rows = seq.rows();
-
-  // Targets at padded positions never count.
-  const std::vector<token_id> targets = detail::masked_targets(batch);
-  // Packed rows: the objective's sequences are the documents (row-major order).
-  const std::vector<index_t> documents = document_ids(batch.position_ids);  // (B*T) or empty
-  const token_layout layout{seq.batch,     t,         targets,
-                            batch.lengths, documents, documents.empty() ? 0 : documents.back() + 1};
+  const index_t t = seq.seq_len, rows = pass.rows();
 
   // Which layers need weight gradients, and how far down backprop must go.
   auto needs = [&](index_t l) {
@@ -281,7 +289,7 @@ backward_result compute_gradients(M& model, const token_batch& batch, O& objecti
   auto kept = [&](index_t l) { return l >= lowest && (l - lowest) % k == 0; };
 
   // Forward: input l of layer l (kept for backward), input nl the final hidden state, each
-  // (B*T, d). With offload the kept inputs but the top one move to the host tier, each copy
+  // (rows, d). With offload the kept inputs but the top one move to the host tier, each copy
   // overlapping the next layer's forward; the top one is the first the backward needs.
   std::optional<peak_scope> host_scope;
   if constexpr (OffloadBackend<B>) host_scope.emplace(be.host_memory());
@@ -291,14 +299,15 @@ backward_result compute_gradients(M& model, const token_batch& batch, O& objecti
     if (kept(l)) top_kept = l;
   be.embedding_forward(
       as_matrix(std::span<const T>(params.value(model.embed_id())), cfg.vocab_size, d),
-      batch.input_ids, inputs.allocate(0).view(rows, d));
-  if (cfg.is_gemma())
-    be.scale(accum_t<B>(cfg.embedding_multiplier()), inputs.device(0).view(rows, d));
+      pass.input_ids(), inputs.allocate(0).view(rows, d));
+  const double embedding_multiplier = cfg.embedding_multiplier();  // Gemma: sqrt(d), else 1
+  if (embedding_multiplier != 1.0)
+    be.scale(accum_t<B>(embedding_multiplier), inputs.device(0).view(rows, d));
   for (index_t l = 0; l < nl; ++l) {
     inputs.allocate(l + 1);
-    model.layer(l).forward(be, seq, matrix_view<const T>(inputs.device(l).view(rows, d)),
-                           inputs.device(l + 1).view(rows, d), fwd_chunk,
-                           opt.sched == backward_schedule::full && l >= lowest);
+    pass.forward(model.layer(l), seq, matrix_view<const T>(inputs.device(l).view(rows, d)),
+                 inputs.device(l + 1).view(rows, d), fwd_chunk,
+                 opt.sched == backward_schedule::full && l >= lowest);
     inputs.settle();  // the input of layer l - 1 has reached the host tier
     if (!kept(l))
       inputs.release(l);  // below the lowest layer, or recomputed when needed
@@ -315,24 +324,25 @@ backward_result compute_gradients(M& model, const token_batch& batch, O& objecti
       (opt.head == head_mode::automatic && opt.sched == backward_schedule::stream);
   head_options hopt;
   hopt.temperature = opt.temperature;
-  hopt.chunk_rows = !streaming                ? rows
-                    : opt.head_chunk_rows > 0 ? opt.head_chunk_rows
-                                              : default_head_chunk_rows(cfg, seq.batch, opt.chunk);
+  hopt.chunk_rows = !streaming ? rows
+                    : opt.head_chunk_rows > 0
+                        ? opt.head_chunk_rows
+                        : default_head_chunk_rows(cfg, seq.batch, pass.head_chunk);
   buffer_t<B> dy;
-  if (lowest < nl) dy = be.template allocate<T>(rows * d);  // (B*T, d)
+  if (lowest < nl) dy = be.template allocate<T>(rows * d);  // (rows, d)
   {
     const auto head_start = clock::now();
     auto hidden = inputs.device(nl).view(rows, d);
-    result.loss = lm_head_backward(model, matrix_view<const T>(hidden), layout, objective, hopt,
-                                   lowest < nl ? dy.view(rows, d) : matrix_view<T>{}, opt.head_grad,
-                                   &result.statistics_seconds);
+    result.loss = pass.head(matrix_view<const T>(hidden), hopt,
+                            lowest < nl ? dy.view(rows, d) : matrix_view<T>{}, opt.head_grad,
+                            &result.statistics_seconds);
     result.head_seconds = std::chrono::duration<double>(clock::now() - head_start).count();
     inputs.release(nl);
   }
-  if (opt.head_grad && opt.on_grads_ready) opt.on_grads_ready({grads_ready::kind::head, -1});
+  if (opt.head_grad) pass.grads_ready({grads_ready::kind::head, -1});
 
   // Layers, top to bottom. dx aliases dy: a chunk reads its dy rows before writing its dx
-  // rows, and chunks are disjoint, so one (B*T, d) buffer carries the gradient down.
+  // rows, and chunks are disjoint, so one (rows, d) buffer carries the gradient down.
   auto segment_base = [&](index_t l) { return lowest + (l - lowest) / k * k; };
   // Input l on the device now (it was not fetched ahead).
   auto fetch_now = [&](index_t l) {
@@ -349,8 +359,8 @@ backward_result compute_gradients(M& model, const token_batch& batch, O& objecti
       const index_t base = segment_base(l);
       fetch_now(base);
       for (index_t m = base; m < l; ++m) {
-        model.layer(m).forward(be, seq, matrix_view<const T>(inputs.device(m).view(rows, d)),
-                               inputs.allocate(m + 1).view(rows, d), fwd_chunk, false);
+        pass.forward(model.layer(m), seq, matrix_view<const T>(inputs.device(m).view(rows, d)),
+                     inputs.allocate(m + 1).view(rows, d), fwd_chunk, false);
         ++result.recomputed_layers;
       }
       result.recompute_seconds +=
@@ -362,35 +372,92 @@ backward_result compute_gradients(M& model, const token_batch& batch, O& objecti
       const index_t next = kept(l - 1) ? l - 1 : segment_base(l - 1);
       if (!inputs.on_device(next) && inputs.on_host(next)) inputs.fetch(next);
     }
-    auto& layer = model.layer(l);
     const layer_grad_mode mode{needs(l), l > lowest || opt.embedding_grad};
-    auto x = matrix_view<const T>(inputs.device(l).view(rows, d));
     if (mode.weight_grads && opt.lazy_layer_grads) allocate_layer_grads(l);
-    layer.begin_backward(be, seq, x, bwd_chunk, mode);
-    const index_t chunks = (t + bwd_chunk - 1) / bwd_chunk;
-    for (index_t j = chunks - 1; j >= 0; --j) {  // last chunk first
-      const index_t c0 = j * bwd_chunk, c1 = std::min(t, c0 + bwd_chunk);
-      layer.backward_chunk(be, seq, x, matrix_view<const T>(dy.view(rows, d)), c0, c1,
-                           mode.input_grad ? dy.view(rows, d) : matrix_view<T>{}, mode);
-    }
-    layer.end_backward(be);
+    pass.backward(model.layer(l), seq, matrix_view<const T>(inputs.device(l).view(rows, d)),
+                  matrix_view<const T>(dy.view(rows, d)),
+                  mode.input_grad ? dy.view(rows, d) : matrix_view<T>{}, bwd_chunk, mode);
     inputs.settle();  // the fetched input has arrived
     inputs.release(l);
-    if (mode.weight_grads && opt.on_grads_ready) opt.on_grads_ready({grads_ready::kind::layer, l});
+    if (mode.weight_grads) pass.grads_ready({grads_ready::kind::layer, l});
     if (opt.between_layers) opt.between_layers();
   }
   if (opt.embedding_grad) {
-    if (cfg.is_gemma()) be.scale(accum_t<B>(cfg.embedding_multiplier()), dy.view(rows, d));
-    be.embedding_backward(matrix_view<const T>(dy.view(rows, d)), batch.input_ids,
+    if (embedding_multiplier != 1.0) be.scale(accum_t<B>(embedding_multiplier), dy.view(rows, d));
+    be.embedding_backward(matrix_view<const T>(dy.view(rows, d)), pass.input_ids(),
                           as_matrix(params.grad(model.embed_id()), cfg.vocab_size, d));
-    if (opt.on_grads_ready) opt.on_grads_ready({grads_ready::kind::embedding, -1});
+    pass.grads_ready({grads_ready::kind::embedding, -1});
   }
+  pass.finish();
   result.peak_activation_bytes = scope.peak_above_entry();
   if (host_scope) result.peak_host_bytes = host_scope->peak_above_entry();
   result.offload_bytes = inputs.moved_bytes();
   result.peak_bytes = scope.peak_bytes();
   result.seconds = std::chrono::duration<double>(clock::now() - start).count();
   return result;
+}
+
+/// compute_gradients' pass: the whole batch in this process, the Layer protocol.
+template <DecoderModel M, Objective O>
+struct local_pass {
+  using B = typename M::backend_type;
+  using T = storage_t<B>;
+  M& model;
+  const token_batch& batch;
+  O& objective;
+  const backward_options& opt;
+  token_layout layout;
+  index_t head_chunk = opt.chunk;
+
+  index_t rows() const { return batch.batch * batch.seq_len; }
+  std::span<const token_id> input_ids() const { return batch.input_ids; }
+  template <class L>
+  void forward(L& layer, const sequence_batch& seq, matrix_view<const T> x, matrix_view<T> y,
+               index_t chunk, bool keep) {
+    layer.forward(model.backend(), seq, x, y, chunk, keep);
+  }
+  template <class L>
+  void backward(L& layer, const sequence_batch& seq, matrix_view<const T> x,
+                matrix_view<const T> dy, matrix_view<T> dx, index_t chunk, layer_grad_mode mode) {
+    B& be = model.backend();
+    const index_t t = seq.seq_len;
+    layer.begin_backward(be, seq, x, chunk, mode);
+    const index_t chunks = (t + chunk - 1) / chunk;
+    for (index_t j = chunks - 1; j >= 0; --j) {  // last chunk first
+      const index_t c0 = j * chunk, c1 = std::min(t, c0 + chunk);
+      layer.backward_chunk(be, seq, x, dy, c0, c1, dx, mode);
+    }
+    layer.end_backward(be);
+  }
+  double head(matrix_view<const T> hidden, const head_options& hopt, matrix_view<T> dhidden,
+              bool weight_grads, double* statistics_seconds) {
+    return lm_head_backward(model, hidden, layout, objective, hopt, dhidden, weight_grads,
+                            statistics_seconds);
+  }
+  void grads_ready(const tightfit::grads_ready& e) {
+    if (opt.on_grads_ready) opt.on_grads_ready(e);
+  }
+  void finish() {}
+};
+
+}  // namespace detail
+
+/// Loss and parameter gradients of `model` on `batch` under `objective` (see the top comment).
+template <DecoderModel M, Objective O>
+backward_result compute_gradients(M& model, const token_batch& batch, O& objective,
+                                  const backward_options& opt) {
+  detail::validate_batch(model, batch);
+  // Targets at padded positions never count.
+  const std::vector<token_id> targets = detail::masked_targets(batch);
+  // Packed rows: the objective's sequences are the documents (row-major order).
+  const std::vector<index_t> documents = document_ids(batch.position_ids);  // (B*T) or empty
+  detail::local_pass<M, O> pass{model,
+                                batch,
+                                objective,
+                                opt,
+                                {batch.batch, batch.seq_len, targets, batch.lengths, documents,
+                                 documents.empty() ? 0 : documents.back() + 1}};
+  return detail::run_backward(model, batch, opt, pass);
 }
 
 }  // namespace tightfit

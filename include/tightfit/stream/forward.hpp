@@ -38,7 +38,8 @@ std::vector<double> model_logprobs(M& model, const token_batch& batch,
   be.embedding_forward(
       as_matrix(std::span<const T>(model.parameters().value(model.embed_id())), cfg.vocab_size, d),
       batch.input_ids, x.view(rows, d));
-  if (cfg.is_gemma()) be.scale(accum_t<B>(cfg.embedding_multiplier()), x.view(rows, d));
+  if (const double m = cfg.embedding_multiplier(); m != 1.0)  // Gemma: sqrt(d)
+    be.scale(accum_t<B>(m), x.view(rows, d));
   for (index_t l = 0; l < cfg.num_hidden_layers; ++l) {
     auto y = be.template allocate<T>(rows * d);  // (B*T, d)
     model.layer(l).forward(be, seq, matrix_view<const T>(x.view(rows, d)), y.view(rows, d),

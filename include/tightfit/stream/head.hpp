@@ -6,10 +6,10 @@
 // log-probs; then, in the gradient pass, dz = coeff (onehot - softmax(z/tau)) / tau in place,
 // dW += dz^T hf (beta = 1, the one (V, d) gradient buffer), dhf = dz W, and the final-norm
 // backward adds into dH rows. The chunk's logits are freed before the next chunk.
-// Gemma (model_config::is_gemma): the final norm scales by (1 + w) (nn/norm_weight.hpp) and,
-// with final_logit_softcapping = cap > 0, the logits are z -> cap tanh(z / cap) before the
-// log-softmax; the backward keeps a copy of the chunk's capped logits (n, V) for the exact
-// derivative dz *= 1 - (capped / cap)^2.
+// The config's architecture facts: the final norm scales by norm_offset() + w (Gemma: 1 + w,
+// nn/norm_weight.hpp) and, with final_logit_softcapping = cap > 0 (Gemma 2), the logits are
+// z -> cap tanh(z / cap) before the log-softmax; the backward keeps a copy of the chunk's capped
+// logits (n, V) for the exact derivative dz *= 1 - (capped / cap)^2.
 //
 // Host synchronisation: the label log-probs stay on the backend for the whole pass and come to
 // the host in one download at its end (token_logprobs, the statistics pass of a two-pass
@@ -87,7 +87,7 @@ void head_chunks(M& model, matrix_view<const storage_t<typename M::backend_type>
   check(opt.temperature > 0, "lm_head: temperature is ", opt.temperature, ", expected > 0");
   auto& params = model.parameters();
   const auto w = as_matrix(std::span<const T>(params.value(model.lm_head_id())), v, d);
-  const norm_scale<B> g(be, params.value(model.final_norm_id()), cfg.is_gemma());
+  const norm_scale<B> g(be, params.value(model.final_norm_id()), cfg.norm_offset());
   const double cap = cfg.final_logit_softcapping;
   if constexpr (!GemmaBackend<B>)
     check(cap == 0, "lm_head: final_logit_softcapping ", cap,
@@ -176,7 +176,7 @@ double lm_head_backward(M& model, matrix_view<const storage_t<typename M::backen
     check_extent("lm_head_backward", "dhidden cols", dhidden.cols, d);
   }
   const auto w = as_matrix(std::span<const T>(params.value(model.lm_head_id())), v, d);
-  const norm_scale<B> g(be, params.value(model.final_norm_id()), cfg.is_gemma());
+  const norm_scale<B> g(be, params.value(model.final_norm_id()), cfg.norm_offset());
   const double cap = cfg.final_logit_softcapping;
   // deferred: coefficients from the layout now, the loss parts once the log-probs are here
   constexpr bool deferred = detail::logprob_free_coefficients<O>();

@@ -8,7 +8,7 @@
 // allocated inside compute_gradients (parameters and their gradients are not included: the
 // budget is what is left for activations). The objective is a parameter (its statistics pass, if
 // any, is part of the dry run); the layer type is a template parameter (by default config_layer:
-// gemma_layer for a Gemma config, else decoder_layer).
+// the shipped layer the config's architecture names, nn/architectures.hpp).
 // Layer-input spacing (backward_options::keep_every) is priced the same way: its peak by a dry
 // run, its extra work as the layer forwards it re-runs (L - ceil(L / k) of them); the planner
 // picks the smallest spacing (least recomputation) and then the largest chunk that fit.
@@ -30,16 +30,12 @@
 
 #include "tightfit/backend/meta.hpp"
 #include "tightfit/backend/offload.hpp"
-#include "tightfit/nn/gemma_layer.hpp"
+#include "tightfit/nn/architectures.hpp"
+#include "tightfit/nn/model.hpp"
 #include "tightfit/stream/backward.hpp"
 #include "tightfit/stream/peak_model.hpp"
 
 namespace tightfit {
-
-/// The planner's default layer: a tag resolved from the config at run time (gemma_layer for
-/// model_config::is_gemma(), else decoder_layer).
-template <class B>
-struct config_layer;
 
 namespace detail {
 /// Dry runs of compute_gradients for one model (layer type Layer, value type T) and objective:
@@ -95,9 +91,10 @@ predicted_peaks predict_peaks(const model_config& config, index_t batch, index_t
                               detail::peak_model_cache* cache = nullptr) {
   using dry = two_tier_backend<meta_backend<T>>;
   if constexpr (std::is_same_v<Layer<dry>, config_layer<dry>>) {
-    return config.is_gemma()
-               ? predict_peaks<T, gemma_layer>(config, batch, seq_len, options, objective, cache)
-               : predict_peaks<T, decoder_layer>(config, batch, seq_len, options, objective, cache);
+    return with_config_layer(config, [&](auto layer) {
+      return predict_peaks<T, decltype(layer)::template type>(config, batch, seq_len, options,
+                                                              objective, cache);
+    });
   } else {
     using runner = detail::dry_runner<T, Layer, O>;
     std::optional<runner> local;

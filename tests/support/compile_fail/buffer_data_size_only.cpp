@@ -2,6 +2,7 @@
 // default-constructs, moves, views and resets them) is rejected by the Buffer part of
 // StorageBackend where decoder_model is named, not deep inside nn/.
 #include "tightfit/backend/reference.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/model.hpp"
 
 template <class U>
@@ -32,6 +33,6 @@ struct bare_buffer_backend : tightfit::reference_backend<double> {
 int main() {
   bare_buffer_backend be;
   tightfit::model_config cfg;
-  tightfit::decoder_model<bare_buffer_backend> model(be, cfg);
+  tightfit::llama_model<bare_buffer_backend> model(be, cfg);
   return static_cast<int>(model.parameters().size());
 }

@@ -1,6 +1,6 @@
-// tightfit/nn/detail/layer_parts.hpp: the attention half that every decoder-layer type shares
-// (nn/decoder_layer.hpp: Llama / Qwen; nn/gemma_layer.hpp: Gemma 2 / 3), so that each layer
-// file holds only what its architecture adds (norms, biases, adapters, MLP activation).
+// tightfit/nn/detail/layer_parts.hpp: the pieces of the attention half that the StreamBP layer
+// skeleton (nn/streambp_layer.hpp) and its sequence-parallel extension (nn/ring_attention.hpp)
+// are written from.
 //
 //   layer_weights     a layer's parameter values and gradient buffers as matrices; a parameter
 //                     without a gradient buffer is frozen (its gradient is not accumulated)
@@ -39,6 +39,7 @@ class layer_weights {
   using T = storage_t<B>;
   using A = accum_t<B>;
   explicit layer_weights(parameter_set<B>& params) : params_(&params) {}
+  parameter_set<B>& params() const { return *params_; }
 
   matrix_view<const T> weight(std::size_t id, index_t rows, index_t cols) const {
     return as_matrix(std::span<const T>(params_->value(id)), rows, cols);

@@ -1,4 +1,4 @@
-// tightfit/dist/zero1.hpp: an optimizer whose state is sharded over the ranks (ZeRO stage 1,
+// tightfit/optim/zero1.hpp: an optimizer whose state is sharded over the ranks (ZeRO stage 1,
 // Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models",
 // SC 2020).
 //
@@ -21,9 +21,10 @@
 // through a TensorWriter (optim/checkpoint.hpp): a run of N ranks saves N files, one state file
 // set, and resumes only on N ranks (load names both counts otherwise).
 //
-// zero1_full_optimizer<B, Rule, C> trains every parameter of a decoder model this way with the
-// optimizer interface of block_optimizer (step(batch, objective, backward, gradients), lr factor,
-// steps, state_bytes, save / load), so that train() (optim/train.hpp) drives it.
+// zero1_full_optimizer<M, Rule, C> trains every parameter of a decoder model M (any
+// TrainableModel) this way with the optimizer interface of block_optimizer (step(batch, objective,
+// backward, gradients), lr factor, steps, state_bytes, save / load), so that train()
+// (optim/train.hpp) drives it.
 #pragma once
 
 #include <algorithm>
@@ -39,7 +40,7 @@
 #include "tightfit/core/memory.hpp"
 #include "tightfit/dist/communicator.hpp"
 #include "tightfit/dist/data_parallel.hpp"
-#include "tightfit/nn/model.hpp"
+#include "tightfit/nn/layer.hpp"
 #include "tightfit/nn/parameters.hpp"
 #include "tightfit/optim/block_optimizer.hpp"
 #include "tightfit/optim/update_rules.hpp"
@@ -230,14 +231,16 @@ class zero1_optimizer {
 /// Full-parameter training with ZeRO-1 (see the top comment): every parameter of `model`, one
 /// update rule, its state sharded over `comm`. Step by step it equals full_optimizer<B, Rule> of
 /// one process on the union batch (optim/block_optimizer.hpp), clipping included.
-template <Backend B, UpdateRule Rule, Communicator C>
+template <TrainableModel M, UpdateRule Rule, Communicator C>
 class zero1_full_optimizer {
  public:
+  using model_type = M;
+  using B = typename M::backend_type;
   using T = typename B::value_type;
   /// What train() (optim/train.hpp) asks of step_gradients: each rank's own sums.
   static constexpr gradient_sync gradients_sync = gradient_sync::none;
 
-  zero1_full_optimizer(decoder_model<B>& model, Rule rule, C& comm, double max_grad_norm = 0)
+  zero1_full_optimizer(M& model, Rule rule, C& comm, double max_grad_norm = 0)
       : model_(&model),
         ids_(all_ids(model.parameters().size())),
         zero_(model.parameters(), ids_, std::move(rule), comm),
@@ -308,7 +311,7 @@ class zero1_full_optimizer {
     std::iota(ids.begin(), ids.end(), std::size_t{0});
     return ids;
   }
-  decoder_model<B>* model_;
+  M* model_;
   std::vector<std::size_t> ids_;
   zero1_optimizer<B, Rule, C> zero_;
   C* comm_;
