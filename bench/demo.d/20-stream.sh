@@ -7,4 +7,4 @@ echo
 echo "== StreamBP: full backprop vs gradient checkpointing vs StreamBP (one process, float)"
 "$build/bench/stream/bench_stream" --preset small --seq 2048 --chunk 256 --compare
 echo "== planner: the longest sequence each schedule fits in 2 GiB of activations (qwen3-bench)"
-"$build/examples/tightfit/tightfit" plan --preset qwen3-bench --seq 8192 --budget 2G
+"$build/tools/tightfit/tightfit" plan --preset qwen3-bench --seq 8192 --budget 2G

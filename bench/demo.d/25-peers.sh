@@ -7,7 +7,7 @@
 set -euo pipefail
 build=${1:?usage: 25-peers.sh BUILD_DIR}
 here=$(cd "$(dirname "$0")/.." && pwd)
-tool="$build/examples/tightfit/tightfit"
+tool="$build/tools/tightfit/tightfit"
 echo
 if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   echo "== PyTorch side by side: python3-torch is not installed (scripts/deps --torch), skipped"

@@ -5,7 +5,7 @@
 set -euo pipefail
 build=${1:?usage: 40-mebb.sh BUILD_DIR}
 bench="$build/bench/geometry/tightfit_mebb_bench"
-cli="$build/examples/tightfit/tightfit"
+cli="$build/tools/tightfit/tightfit"
 echo "== MEBB: minimum elastic bounding box (suitcases with handles, wheels, straps and tags)"
 if [ ! -x "$bench" ]; then
   echo "(skipped: $bench not built; needs Eigen and nanoflann)"

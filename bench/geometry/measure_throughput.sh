@@ -7,7 +7,7 @@
 #
 #   bench/geometry/measure_throughput.sh FOLDER RUNS TOOL [TOOL...]
 #   e.g. bench/geometry/measure_throughput.sh ../shared/fixtures/mebb-independent 12 \
-#          build/base/examples/tightfit/tightfit build/rel/examples/tightfit/tightfit
+#          build/base/tools/tightfit/tightfit build/rel/tools/tightfit/tightfit
 set -euo pipefail
 if (($# < 3)); then
   echo "usage: $0 FOLDER RUNS TOOL [TOOL...]" >&2

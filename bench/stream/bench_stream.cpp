@@ -1,4 +1,5 @@
-// bench_stream: StreamBP against gradient checkpointing and full backprop (stream_bench.hpp).
+// bench_stream: StreamBP against gradient checkpointing and full backprop (the tool's driver,
+// tools/tightfit/stream_bench.hpp, which `tightfit bench stream` runs too).
 #include <unistd.h>
 
 #include <string>

@@ -4,7 +4,8 @@
 // tests/support/check_umbrellas.cmake checks that every public header is included here or
 // through a folder's umbrella, but
 // not included: tightfit/backend/cuda.hpp (CUDA kernels: include it in a .cu file, nvcc)
-// not included: tightfit/dist/nccl_communicator.hpp (needs CUDA and NCCL: link tightfit::nccl)
+// not included: tightfit/distributed/nccl_communicator.hpp (needs CUDA and NCCL: link
+// tightfit::nccl)
 #pragma once
 
 #include "tightfit/backend/concept.hpp"
@@ -18,12 +19,12 @@
 #include "tightfit/core/parallel.hpp"
 #include "tightfit/core/types.hpp"
 #include "tightfit/core/view.hpp"
-#include "tightfit/dist/agreement.hpp"
-#include "tightfit/dist/communicator.hpp"
-#include "tightfit/dist/data_parallel.hpp"
-#include "tightfit/dist/self_communicator.hpp"
-#include "tightfit/dist/sequence_parallel.hpp"
-#include "tightfit/dist/sequence_step.hpp"
+#include "tightfit/distributed/agreement.hpp"
+#include "tightfit/distributed/communicator.hpp"
+#include "tightfit/distributed/data_parallel.hpp"
+#include "tightfit/distributed/self_communicator.hpp"
+#include "tightfit/distributed/sequence_parallel.hpp"
+#include "tightfit/distributed/sequence_step.hpp"
 #include "tightfit/loss/dpo.hpp"
 #include "tightfit/loss/grpo.hpp"
 #include "tightfit/loss/objective.hpp"
@@ -67,7 +68,7 @@
 #include "tightfit/nn/peft.hpp"
 #endif
 #if __has_include(<mpi.h>)
-#include "tightfit/dist/mpi_communicator.hpp"
+#include "tightfit/distributed/mpi_communicator.hpp"
 #endif
 #if __has_include(<nlohmann/json.hpp>) && __has_include(<pcre2.h>) && __has_include(<utf8proc.h>)
 #include "tightfit/text/bpe.hpp"

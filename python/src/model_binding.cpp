@@ -1,7 +1,7 @@
 // tightfit.Model, tightfit.plan: gradients and log-probs of a Hugging Face checkpoint under a
 // StreamBP schedule, and the memory planner. Every call into nn/ and stream/ (and loss/) is in
 // this file, through the entry points `tightfit grad`, `logprobs` and `plan` use
-// (examples/tightfit/cmd_*.cpp), with the tool's batch reader and checks, so that the module's
+// (tools/tightfit/cmd_*.cpp), with the tool's batch reader and checks, so that the module's
 // results are the tool's.
 // Invariants: every array and option is checked before the work (ValueError naming it); the GIL
 // is released while computing and taken back between layers only, to run Python's signal
@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "arrays.hpp"
-#include "batch_file.hpp"  // examples/tightfit: the tool's batch reader
+#include "batch_file.hpp"  // tools/tightfit: the tool's batch reader
 #include "bindings.hpp"
-#include "checks.hpp"  // examples/tightfit: the tool's checks
+#include "checks.hpp"  // tools/tightfit: the tool's checks
 #include "tightfit/backend/eigen.hpp"
 #include "tightfit/io/safetensors.hpp"
 #include "tightfit/loss/dpo.hpp"

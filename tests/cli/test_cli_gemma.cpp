@@ -2,9 +2,10 @@
 // (nn/architectures.hpp) and trains it with adamw, badam, lora, bread-sgd and bread-lora (exit 0,
 // a finite, falling loss, a saved model or PEFT adapter that loads back and differs from the
 // input), exactly as the library does (tests/optim/test_any_model.cpp checks each step against
-// an oracle).
+// an oracle); `tightfit logprobs` runs the Gemma layer too.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -14,8 +15,12 @@
 
 #include "cli_model.hpp"
 #include "cli_testing.hpp"
+#include "tightfit/backend/reference.hpp"
 #include "tightfit/io/safetensors.hpp"
+#include "tightfit/nn/gemma_layer.hpp"
 #include "tightfit/nn/hf_model.hpp"
+#include "tightfit/stream/backward.hpp"
+#include "tightfit/stream/forward.hpp"
 
 using namespace tightfit;
 namespace fs = std::filesystem;
@@ -104,4 +109,47 @@ TEST_CASE("train: a Gemma 3 model trains with adamw, badam, lora, bread-sgd and 
       CHECK(trained != input);
     }
   }
+}
+
+TEST_CASE("logprobs: a Gemma 3 model's log-probs are the Gemma layer's, and grad reads them back") {
+  gemma_fixture f;
+  const index_t b = 2, t = 8;
+  const auto ids = cli_testing::counting_ids(b, t);
+  std::vector<std::int64_t> labels(ids);
+  for (index_t i = 0; i < b * t; ++i)
+    if (i % t < 2) labels[static_cast<std::size_t>(i)] = -100;
+  const std::vector<double> adv{0.7, -0.2};
+  safetensors_writer w;
+  w.add("input_ids", {b, t}, std::span<const std::int64_t>(ids));
+  w.add("labels", {b, t}, std::span<const std::int64_t>(labels));
+  w.add("advantages", {b}, std::span<const double>(adv));
+  const auto batch = f.dir / "grpo.safetensors", with_old = f.dir / "grpo_old.safetensors";
+  w.write(batch);
+  auto r = run("logprobs --model " + q(f.model) + " --batch " + q(batch) + " --out " + q(with_old) +
+               " --dtype f64 --as old --chunk 4");
+  REQUIRE(r.code == 0);
+  // label-aligned: position k holds log p(labels[k] | ids[..k-1]); the library's Gemma forward
+  // on the reference backend gives the same values
+  reference_backend<double> be;
+  gemma_model<reference_backend<double>> model(be, f.cfg);
+  load_hf_weights(f.model, model.parameters());
+  const auto targets = shift_labels(labels, b, t);
+  const auto expected = model_logprobs(model, {b, t, ids, targets, {}});  // target-aligned
+  const auto got = safetensors_file::open(with_old).read<double>("old_logprobs");
+  REQUIRE(got.size() == static_cast<std::size_t>(b * t));
+  index_t compared = 0;
+  for (index_t row = 0; row < b; ++row)
+    for (index_t k = 1; k < t; ++k) {
+      const auto at = static_cast<std::size_t>(row * t + k);
+      if (labels[at] == -100) continue;
+      const double e = expected[at - 1];
+      CHECK(std::abs(got[at] - e) <= 1e-12 * std::max(1.0, std::abs(e)));
+      ++compared;
+    }
+  CHECK(compared == b * (t - 2));
+  // the old log-probs are the policy's own, so every ratio is 1 and the loss is -mean(A)
+  r = run("grad --model " + q(f.model) + " --batch " + q(with_old) +
+          " --objective grpo --dtype f64 --chunk 4");
+  REQUIRE(r.code == 0);
+  CHECK(std::abs(nlohmann::json::parse(r.out)["loss"].get<double>() + 0.25) < 1e-12);
 }

@@ -12,8 +12,8 @@
 #include "tightfit/backend/concept.hpp"
 #include "tightfit/backend/meta.hpp"
 #include "tightfit/backend/reference.hpp"
-#include "tightfit/dist/self_communicator.hpp"
-#include "tightfit/dist/sequence_step.hpp"
+#include "tightfit/distributed/self_communicator.hpp"
+#include "tightfit/distributed/sequence_step.hpp"
 #include "tightfit/loss/sft.hpp"
 #include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/gemma_layer.hpp"
@@ -78,7 +78,7 @@ static_assert(TrainableModel<llama_model<reference_backend<double>>>);
 static_assert(TrainableModel<gemma_model<reference_backend<double>>>);
 static_assert(DecoderModel<gemma_model<meta_backend<float>>>);
 static_assert(!DecoderModel<parameter_set<reference_backend<double>>>);
-// train()'s gradient policies (optim/train.hpp's TrainingGradients, dist/'s policies).
+// train()'s gradient policies (optim/train.hpp's TrainingGradients, distributed/'s policies).
 static_assert(TrainingGradients<data_parallel_training<self_communicator>>);
 static_assert(TrainingGradients<sequence_parallel_training<self_communicator>>);
 static_assert(!TrainingGradients<self_communicator>);

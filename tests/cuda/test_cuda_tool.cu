@@ -1,4 +1,4 @@
-// The tool's GPU step (examples/tightfit/device_cuda.cu, behind `tightfit grad --device cuda`)
+// The tool's GPU step (tools/tightfit/device_cuda.cu, behind `tightfit grad --device cuda`)
 // against reference_backend<double>'s full backprop, in test_cuda (so scripts/gpu-check runs it on
 // a bare GPU machine, where the tool itself, which needs Eigen, oneTBB and nlohmann/json, cannot be
 // built). Suite "cuda_host": require_cuda_device's error without a device. Suite "gpu":

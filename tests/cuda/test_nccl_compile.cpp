@@ -3,8 +3,8 @@
 // finished or empty request, and the concept.
 #include <doctest/doctest.h>
 
-#include "tightfit/dist/nccl_communicator.hpp"
-#include "tightfit/dist/self_communicator.hpp"
+#include "tightfit/distributed/nccl_communicator.hpp"
+#include "tightfit/distributed/self_communicator.hpp"
 
 using namespace tightfit;
 

@@ -1,5 +1,5 @@
 // Uses the installed tightfit::mpi component: every rank adds its rank + 1; prints the sum.
-#include <tightfit/dist/mpi_communicator.hpp>
+#include <tightfit/distributed/mpi_communicator.hpp>
 
 #include <cstdio>
 #include <span>

@@ -17,5 +17,5 @@ fi
 cd "$(dirname "$0")"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-/usr/bin/python3 cross_check.py "$build/examples/tightfit/tightfit" "$work"
-/usr/bin/python3 cross_check_lora.py "$build/examples/tightfit/tightfit" "$work/lora"
+/usr/bin/python3 cross_check.py "$build/tools/tightfit/tightfit" "$work"
+/usr/bin/python3 cross_check_lora.py "$build/tools/tightfit/tightfit" "$work/lora"

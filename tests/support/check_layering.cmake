@@ -4,14 +4,14 @@
 #   floor 0  core/
 #   floor 1  backend/, io/, loss/, geometry/   (core/ only: file formats, objectives and point
 #            clouds know no model and no backend)
-#   floor 2  nn/        the layers and models (nn/hf_model.hpp, nn/peft.hpp read io/)
-#            text/      tokenizers and chat formats (text/tokenizer.hpp reads io/hf.hpp)
-#   floor 3  stream/    the gradient schedules, the head, the planner
-#   floor 4  dist/      communicators, data- and sequence-parallel gradients
-#   floor 5  optim/     optimizers (ZeRO-1 included) and the training loop
+#   floor 2  nn/           the layers and models (nn/hf_model.hpp, nn/peft.hpp read io/)
+#            text/         tokenizers and chat formats (text/tokenizer.hpp reads io/hf.hpp)
+#   floor 3  stream/       the gradient schedules, the head, the planner
+#   floor 4  distributed/  communicators, data- and sequence-parallel gradients
+#   floor 5  optim/        optimizers (ZeRO-1 included) and the training loop
 #   top      tightfit.hpp, the umbrella header (may include anything)
 # A folder without a floor is a violation (a new folder gets its rule here). Besides:
-#   optim/, dist/, stream/ include neither io/ nor a concrete objective (loss/ other than
+#   optim/, distributed/, stream/ include neither io/ nor a concrete objective (loss/ other than
 #   objective.hpp): the training loop and the planner take the objective as a parameter,
 #   checkpoints go through a writer concept;
 #   stream/ includes no concrete layer (nn/decoder_layer.hpp, nn/gemma_layer.hpp) and branches on
@@ -36,7 +36,7 @@ set(floor_geometry 1)
 set(floor_nn 2)
 set(floor_text 2)
 set(floor_stream 3)
-set(floor_dist 4)
+set(floor_distributed 4)
 set(floor_optim 5)
 file(GLOB_RECURSE headers RELATIVE ${INCLUDE}/tightfit ${INCLUDE}/tightfit/*.hpp
      ${INCLUDE}/tightfit/*.cuh)
@@ -70,9 +70,9 @@ foreach(h IN LISTS headers)
       set(bad "${dir}/ has no floor")
     elseif(DEFINED floor_${top} AND NOT floor_${dir} LESS floor_${top})
       set(bad "${top}/ (floor ${floor_${top}}) may include only lower floors, ${dir}/ is on floor ${floor_${dir}}")
-    elseif(top MATCHES "^(optim|dist|stream)$" AND dir STREQUAL "io")
+    elseif(top MATCHES "^(optim|distributed|stream)$" AND dir STREQUAL "io")
       set(bad "${top}/ may not include io/")
-    elseif(top MATCHES "^(optim|dist|stream)$" AND dir STREQUAL "loss" AND NOT inc STREQUAL "loss/objective.hpp")
+    elseif(top MATCHES "^(optim|distributed|stream)$" AND dir STREQUAL "loss" AND NOT inc STREQUAL "loss/objective.hpp")
       set(bad "${top}/ may not include a concrete objective")
     elseif(top STREQUAL "stream" AND inc MATCHES "^nn/(decoder_layer|gemma_layer)\\.hpp$")
       set(bad "stream/ may not include a concrete layer")

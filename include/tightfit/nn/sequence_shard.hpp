@@ -1,5 +1,5 @@
 // tightfit/nn/sequence_shard.hpp: the positions of a batch's sequences that one rank owns under
-// sequence parallelism (dist/sequence_parallel.hpp, docs/distributed.md), and the optional
+// sequence parallelism (distributed/sequence_parallel.hpp, docs/distributed.md), and the optional
 // SequenceParallelLayer seam a layer offers to run on them.
 //
 // A shard is a list of disjoint, increasing blocks [p0, p1) of the T global positions. A rank's

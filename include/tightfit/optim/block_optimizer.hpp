@@ -69,8 +69,8 @@ struct step_result {
 };
 
 /// How an optimizer step computes its gradients: in this process, on this batch (the default).
-/// dist/data_parallel.hpp's data_parallel(comm) computes them over the ranks of a communicator
-/// instead, so that the same optimizer trains data-parallel.
+/// distributed/data_parallel.hpp's data_parallel(comm) computes them over the ranks of a
+/// communicator instead, so that the same optimizer trains data-parallel.
 struct local_gradients {
   template <class M, class O>
   backward_result operator()(M& model, const token_batch& batch, O& objective,

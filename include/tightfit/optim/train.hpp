@@ -7,9 +7,10 @@
 // (io/token_file.hpp reads them from a safetensors file).
 //
 // How a step's gradients are computed is a parameter of train(), a TrainingGradients policy:
-//  - data_parallel_training<C>{&comm} (dist/data_parallel.hpp; also what train(comm, ...) and
+//  - data_parallel_training<C>{&comm} (distributed/data_parallel.hpp; also what train(comm, ...)
+//  and
 //    the one-process train(...) use): each of the R ranks of a Communicator its own rows;
-//  - sequence_parallel_training<C>{&comm, options} (dist/sequence_step.hpp): every rank the
+//  - sequence_parallel_training<C>{&comm, options} (distributed/sequence_step.hpp): every rank the
 //    step's rows, each computing its shard of their positions (the layer must be a
 //    SequenceParallelLayer).
 // A step takes G = R' x A x B rows: B rows per micro-batch (train_options::batch), A micro-batches
@@ -41,9 +42,9 @@
 #include <vector>
 
 #include "tightfit/core/error.hpp"
-#include "tightfit/dist/communicator.hpp"
-#include "tightfit/dist/data_parallel.hpp"
-#include "tightfit/dist/self_communicator.hpp"
+#include "tightfit/distributed/communicator.hpp"
+#include "tightfit/distributed/data_parallel.hpp"
+#include "tightfit/distributed/self_communicator.hpp"
 #include "tightfit/loss/objective.hpp"
 #include "tightfit/nn/layer.hpp"
 #include "tightfit/optim/block_optimizer.hpp"

@@ -38,8 +38,8 @@
 
 #include "tightfit/core/error.hpp"
 #include "tightfit/core/memory.hpp"
-#include "tightfit/dist/communicator.hpp"
-#include "tightfit/dist/data_parallel.hpp"
+#include "tightfit/distributed/communicator.hpp"
+#include "tightfit/distributed/data_parallel.hpp"
 #include "tightfit/nn/layer.hpp"
 #include "tightfit/nn/parameters.hpp"
 #include "tightfit/optim/block_optimizer.hpp"

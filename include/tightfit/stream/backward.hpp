@@ -205,8 +205,8 @@ inline std::vector<token_id> masked_targets(const token_batch& batch) {
 namespace detail {
 
 /// The gradient driver shared by compute_gradients and sequence_parallel_gradients
-/// (dist/sequence_parallel.hpp), which differ only in where the rows are and how a layer runs,
-/// given as a Pass:
+/// (distributed/sequence_parallel.hpp), which differ only in where the rows are and how a layer
+/// runs, given as a Pass:
 ///   rows()                     activation rows this process holds (B*T, or B*Tl of a shard)
 ///   input_ids()                (rows) the ids of those rows (embedding forward and backward)
 ///   head_chunk                 positions per chunk the default head chunk is sized from

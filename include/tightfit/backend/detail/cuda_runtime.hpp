@@ -4,7 +4,7 @@
 // (compute stream, copy stream, cuBLAS handle).
 //
 // Plain C++ over the CUDA runtime API (no kernels), so it also compiles with the host compiler
-// (dist/nccl_communicator.hpp uses it). Invariants:
+// (distributed/nccl_communicator.hpp uses it). Invariants:
 //  - device memory comes from cudaMallocAsync on the backend's stream (the stream-ordered pool;
 //    never managed memory) and is counted in the backend's memory_counter;
 //  - a buffer must not outlive the backend (its stream) that allocated it;

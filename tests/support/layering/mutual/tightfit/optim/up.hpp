@@ -1,3 +1,3 @@
-// A fixture of the layering test: optim/ and dist/ include each other (must be reported).
+// A fixture of the layering test: optim/ and distributed/ include each other (must be reported).
 #pragma once
-#include "tightfit/dist/down.hpp"
+#include "tightfit/distributed/down.hpp"

@@ -16,7 +16,7 @@
 #include "commands.hpp"
 #include "device_cuda.hpp"
 #include "output_paths.hpp"
-#include "stream/stream_bench.hpp"
+#include "stream_bench.hpp"
 
 namespace tightfit::cli {
 

@@ -19,10 +19,10 @@
 
 #include "dist_testing.hpp"
 #include "dp_testing.hpp"
-#include "tightfit/dist/agreement.hpp"
-#include "tightfit/dist/data_parallel.hpp"
-#include "tightfit/dist/mpi_communicator.hpp"
-#include "tightfit/dist/sequence_step.hpp"
+#include "tightfit/distributed/agreement.hpp"
+#include "tightfit/distributed/data_parallel.hpp"
+#include "tightfit/distributed/mpi_communicator.hpp"
+#include "tightfit/distributed/sequence_step.hpp"
 #include "tightfit/optim/zero1.hpp"
 #if defined(TIGHTFIT_TEST_IO)
 #include "tightfit/io/safetensors.hpp"

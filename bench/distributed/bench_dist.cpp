@@ -1,10 +1,11 @@
 // bench_dist: what data-parallel training costs on the wire, per step and per rank, run under
-// `mpirun -np N` (bench/dist/run.sh runs N = 1, 2, 4 and prints the table of docs/distributed.md).
+// `mpirun -np N` (bench/distributed/run.sh runs N = 1, 2, 4 and prints the table of
+// docs/distributed.md).
 //
 //   mpirun -np N bench_dist [--preset qwen3-bench] [--seq 512] [--batch 1] [--chunk 128]
 //                           [--steps 3] [--active-layer L]   (BAdam: only layer L trains)
 //
-// Every rank runs step_gradients (dist/data_parallel.hpp) on its own random batch with
+// Every rank runs step_gradients (distributed/data_parallel.hpp) on its own random batch with
 // eigen_backend<float>; rank 0 prints one CSV line: ranks, mode, payload bytes per step and rank,
 // messages per step, gradient reductions per step, backward seconds, seconds blocked on the
 // reductions after the last layer's backward, and peak activation bytes (mean over the timed
@@ -19,8 +20,8 @@
 #include <vector>
 
 #include "tightfit/backend/eigen.hpp"
-#include "tightfit/dist/data_parallel.hpp"
-#include "tightfit/dist/mpi_communicator.hpp"
+#include "tightfit/distributed/data_parallel.hpp"
+#include "tightfit/distributed/mpi_communicator.hpp"
 #include "tightfit/loss/sft.hpp"
 #include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/presets.hpp"

@@ -3,10 +3,10 @@
 # pair, so that the ranks talk over OpenMPI's TCP transport between two IP addresses, as between
 # two machines (nothing goes through loopback). mpirun starts the remote daemon through an rsh
 # agent that enters the other namespace instead of ssh.
-#   tests/dist/two_hosts.sh BINARY [ARGS...]
+#   tests/distributed/two_hosts.sh BINARY [ARGS...]
 # Needs root (ip netns) and iproute2. Without them it says why and exits 77 (CTest's skip code).
 set -euo pipefail
-binary=${1:?usage: tests/dist/two_hosts.sh BINARY [ARGS...]}
+binary=${1:?usage: tests/distributed/two_hosts.sh BINARY [ARGS...]}
 shift
 skip() {
   echo "two_hosts: skipped: $1"

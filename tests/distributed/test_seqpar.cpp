@@ -14,7 +14,7 @@
 
 #include "dist_testing.hpp"
 #include "dp_testing.hpp"
-#include "tightfit/dist/sequence_parallel.hpp"
+#include "tightfit/distributed/sequence_parallel.hpp"
 #include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/gemma_layer.hpp"
 #include "tightfit/nn/sequence_shard.hpp"

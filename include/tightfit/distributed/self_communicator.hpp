@@ -1,13 +1,13 @@
-// tightfit/dist/self_communicator.hpp: the group of one rank. Every collective is the identity
-// (copies where the output is another span), so code written for N ranks runs unchanged in one
-// process; its statistics count calls, and no bytes leave the process.
+// tightfit/distributed/self_communicator.hpp: the group of one rank. Every collective is the
+// identity (copies where the output is another span), so code written for N ranks runs unchanged in
+// one process; its statistics count calls, and no bytes leave the process.
 #pragma once
 
 #include <algorithm>
 #include <span>
 
 #include "tightfit/core/error.hpp"
-#include "tightfit/dist/communicator.hpp"
+#include "tightfit/distributed/communicator.hpp"
 
 namespace tightfit {
 

@@ -10,11 +10,11 @@
 
 #include "dp_testing.hpp"
 #include "tightfit/core/error.hpp"
-#include "tightfit/dist/agreement.hpp"
-#include "tightfit/dist/data_parallel.hpp"
-#include "tightfit/dist/self_communicator.hpp"
-#include "tightfit/dist/sequence_parallel.hpp"
-#include "tightfit/dist/sequence_step.hpp"
+#include "tightfit/distributed/agreement.hpp"
+#include "tightfit/distributed/data_parallel.hpp"
+#include "tightfit/distributed/self_communicator.hpp"
+#include "tightfit/distributed/sequence_parallel.hpp"
+#include "tightfit/distributed/sequence_step.hpp"
 #include "tightfit/nn/decoder_layer.hpp"
 
 using namespace tightfit;

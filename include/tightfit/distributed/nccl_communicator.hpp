@@ -1,4 +1,4 @@
-// tightfit/dist/nccl_communicator.hpp: the Communicator over NCCL, between GPUs. Link
+// tightfit/distributed/nccl_communicator.hpp: the Communicator over NCCL, between GPUs. Link
 // tightfit::nccl (built with TIGHTFIT_WITH_CUDA when libnccl is found).
 //
 // Every span is DEVICE memory (a cuda_backend's buffers). Collectives are queued on one CUDA
@@ -27,7 +27,7 @@
 
 #include "tightfit/backend/detail/cuda_runtime.hpp"
 #include "tightfit/core/error.hpp"
-#include "tightfit/dist/communicator.hpp"
+#include "tightfit/distributed/communicator.hpp"
 
 namespace tightfit {
 

@@ -1,4 +1,4 @@
-// tightfit/dist/sequence_parallel.hpp: sequence-parallel StreamBP. The T positions of every
+// tightfit/distributed/sequence_parallel.hpp: sequence-parallel StreamBP. The T positions of every
 // sequence of one batch are split over the N ranks of a Communicator (nn/sequence_shard.hpp:
 // contiguous blocks or zig-zag pairs of blocks); each rank keeps only its own positions' layer
 // inputs, runs the LM head and the objective on its own rows, and the ranks together compute
@@ -45,9 +45,9 @@
 
 #include "tightfit/core/error.hpp"
 #include "tightfit/core/memory.hpp"
-#include "tightfit/dist/agreement.hpp"
-#include "tightfit/dist/communicator.hpp"
-#include "tightfit/dist/data_parallel.hpp"
+#include "tightfit/distributed/agreement.hpp"
+#include "tightfit/distributed/communicator.hpp"
+#include "tightfit/distributed/data_parallel.hpp"
 #include "tightfit/loss/objective.hpp"
 #include "tightfit/nn/sequence_shard.hpp"
 #include "tightfit/stream/backward.hpp"

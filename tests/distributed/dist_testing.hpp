@@ -1,7 +1,7 @@
 // Helpers of the mpirun tests: the world communicator, created once after MPI_Init.
 #pragma once
 
-#include "tightfit/dist/mpi_communicator.hpp"
+#include "tightfit/distributed/mpi_communicator.hpp"
 
 namespace tightfit::testing {
 

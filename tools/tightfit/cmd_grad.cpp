@@ -1,7 +1,7 @@
 // tightfit grad: loss and every parameter gradient of a Hugging Face checkpoint on a batch,
 // under a StreamBP schedule. Prints one JSON line; writes the gradients (HF names) to --out.
 // Under mpirun, --parallel data splits the batch's rows (DPO: its pairs) over the ranks and
-// --parallel sequence the positions of every row (dist/sequence_parallel.hpp); the gradients
+// --parallel sequence the positions of every row (distributed/sequence_parallel.hpp); the gradients
 // are those of one process on the whole batch, and rank 0 alone prints and writes.
 // --device cuda runs the step on one GPU (device_cuda.hpp; a -DTIGHTFIT_WITH_CUDA=ON build).
 #include <algorithm>
@@ -27,9 +27,9 @@
 #include "device_cuda.hpp"
 #endif
 #include "tightfit/backend/eigen.hpp"
-#include "tightfit/dist/data_parallel.hpp"
-#include "tightfit/dist/self_communicator.hpp"
-#include "tightfit/dist/sequence_parallel.hpp"
+#include "tightfit/distributed/data_parallel.hpp"
+#include "tightfit/distributed/self_communicator.hpp"
+#include "tightfit/distributed/sequence_parallel.hpp"
 #include "tightfit/io/safetensors.hpp"
 #include "tightfit/loss/dpo.hpp"
 #include "tightfit/loss/grpo.hpp"

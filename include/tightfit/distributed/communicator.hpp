@@ -1,12 +1,12 @@
-// tightfit/dist/communicator.hpp: the Communicator seam between the algorithms and a transport
-// (MPI between processes and hosts, NCCL between GPUs, or one process).
+// tightfit/distributed/communicator.hpp: the Communicator seam between the algorithms and a
+// transport (MPI between processes and hosts, NCCL between GPUs, or one process).
 //
 // Data-parallel training reduces each layer's gradients once, when they are final (the
 // grads-ready event of compute_gradients), without blocking: all_reduce_sum returns a request
 // and the next layer's backward runs while the message travels; request.wait() completes it.
 // The collectives work in place or from one span into another, over float, double and
 // std::int64_t values, and every rank must call them in the same order with the same sizes
-// (check_agreement in dist/agreement.hpp compares a hash of what each rank is about to do).
+// (check_agreement in distributed/agreement.hpp compares a hash of what each rank is about to do).
 //
 // Contract of each operation (n = local count, N = size()):
 //  - all_reduce_sum(x):           x <- sum over ranks of x, in place; non-blocking.

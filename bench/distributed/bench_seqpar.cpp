@@ -1,6 +1,6 @@
-// bench_seqpar: what sequence-parallel StreamBP (dist/sequence_parallel.hpp) holds and sends per
-// rank, run under `mpirun -np N` (bench/dist/run_seqpar.sh runs N = 1, 2, 4 and prints the
-// table of docs/distributed.md).
+// bench_seqpar: what sequence-parallel StreamBP (distributed/sequence_parallel.hpp) holds and sends
+// per rank, run under `mpirun -np N` (bench/distributed/run_seqpar.sh runs N = 1, 2, 4 and prints
+// the table of docs/distributed.md).
 //
 //   mpirun -np N bench_seqpar [--preset qwen3-bench] [--seq 1024] [--chunk 128]
 //                             [--assignment zigzag|contiguous] [--one-process 1]
@@ -27,8 +27,8 @@
 
 #include "tightfit/backend/eigen.hpp"
 #include "tightfit/backend/meta.hpp"
-#include "tightfit/dist/mpi_communicator.hpp"
-#include "tightfit/dist/sequence_parallel.hpp"
+#include "tightfit/distributed/mpi_communicator.hpp"
+#include "tightfit/distributed/sequence_parallel.hpp"
 #include "tightfit/loss/sft.hpp"
 #include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/presets.hpp"

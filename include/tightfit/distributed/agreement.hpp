@@ -1,5 +1,5 @@
-// tightfit/dist/agreement.hpp: ranks that are about to run collectives together must agree on
-// what they run (model configuration, parameter shapes, options). A mismatch would otherwise
+// tightfit/distributed/agreement.hpp: ranks that are about to run collectives together must agree
+// on what they run (model configuration, parameter shapes, options). A mismatch would otherwise
 // surface as a hang or as silently wrong sums; here every rank hashes its own description, the
 // hashes are gathered, and every rank throws the same tightfit::error naming the ranks that
 // differ from rank 0.
@@ -13,7 +13,7 @@
 
 #include "tightfit/core/error.hpp"
 #include "tightfit/core/hash.hpp"
-#include "tightfit/dist/communicator.hpp"
+#include "tightfit/distributed/communicator.hpp"
 
 namespace tightfit {
 

@@ -1,8 +1,8 @@
-// tightfit/dist/sequence_step.hpp: the gradients of one optimizer step split into micro-batches
-// (gradient accumulation), each computed sequence parallel (dist/sequence_parallel.hpp): every
-// rank passes the same micro-batches, the positions of each are split over the ranks, and every
-// rank ends with the gradient one process computes on the union of the micro-batches
-// (docs/distributed.md).
+// tightfit/distributed/sequence_step.hpp: the gradients of one optimizer step split into
+// micro-batches (gradient accumulation), each computed sequence parallel
+// (distributed/sequence_parallel.hpp): every rank passes the same micro-batches, the positions of
+// each are split over the ranks, and every rank ends with the gradient one process computes on the
+// union of the micro-batches (docs/distributed.md).
 //
 //  1. Normalisers span the step: every rank sees every micro-batch whole, so the sum of the
 //     objectives' local_counts() over the micro-batches is the step's (no message); each
@@ -22,9 +22,9 @@
 #include <vector>
 
 #include "tightfit/core/error.hpp"
-#include "tightfit/dist/communicator.hpp"
-#include "tightfit/dist/data_parallel.hpp"
-#include "tightfit/dist/sequence_parallel.hpp"
+#include "tightfit/distributed/communicator.hpp"
+#include "tightfit/distributed/data_parallel.hpp"
+#include "tightfit/distributed/sequence_parallel.hpp"
 #include "tightfit/loss/objective.hpp"
 #include "tightfit/stream/backward.hpp"
 

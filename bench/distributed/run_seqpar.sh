@@ -4,13 +4,13 @@
 #     ranks (oversubscribed on a 2-core machine), contiguous and zig-zag, for each T of REAL_T;
 #  2. dry runs (meta backend, exact bytes, no compute) of every rank for N = 2, 4, 8 at each T
 #     of DRY_T.
-#   bench/dist/run_seqpar.sh BUILD_DIR ["REAL_T..."] ["DRY_T..."] [bench_seqpar options...]
+#   bench/distributed/run_seqpar.sh BUILD_DIR ["REAL_T..."] ["DRY_T..."] [bench_seqpar options...]
 set -euo pipefail
-build=${1:?usage: bench/dist/run_seqpar.sh BUILD_DIR ["REAL_T..."] ["DRY_T..."] [options]}
+build=${1:?usage: bench/distributed/run_seqpar.sh BUILD_DIR ["REAL_T..."] ["DRY_T..."] [options]}
 real_t=${2:-"512 1024"}
 dry_t=${3:-"1024 4096 16384 65536"}
 shift $(($# < 3 ? $# : 3))
-bin="$build/bench/dist/bench_seqpar"
+bin="$build/bench/distributed/bench_seqpar"
 mpirun=(mpirun --allow-run-as-root --oversubscribe --mca btl self,tcp --mca btl_tcp_if_include lo
   --mca oob_tcp_if_include lo)
 echo "ranks,assignment,T,peak_activation_bytes,attention_max_over_mean,payload_bytes_per_rank,messages_per_rank,seconds"

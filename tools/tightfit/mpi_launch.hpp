@@ -17,7 +17,7 @@
 #include "args.hpp"
 #include "tightfit/core/error.hpp"
 #if defined(TIGHTFIT_HAS_MPI)
-#include "tightfit/dist/mpi_communicator.hpp"
+#include "tightfit/distributed/mpi_communicator.hpp"
 #endif
 
 namespace tightfit::cli {

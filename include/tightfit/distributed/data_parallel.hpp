@@ -1,4 +1,4 @@
-// tightfit/dist/data_parallel.hpp: the gradients of one optimizer step whose batch is split
+// tightfit/distributed/data_parallel.hpp: the gradients of one optimizer step whose batch is split
 // into pieces: micro-batches run one after the other in this process (gradient accumulation)
 // and ranks of a Communicator (data parallelism), in any combination.
 //
@@ -21,7 +21,7 @@
 // front in the micro-batches before the last, so the last accumulates into them). Staging
 // buffers are counted by the backend's memory counter.
 // Before the first collective the ranks check that they run the same model and options
-// (dist/agreement.hpp). The loss returned is the step's, on every rank.
+// (distributed/agreement.hpp). The loss returned is the step's, on every rank.
 #pragma once
 
 #include <chrono>
@@ -35,8 +35,8 @@
 
 #include "tightfit/core/error.hpp"
 #include "tightfit/core/memory.hpp"
-#include "tightfit/dist/agreement.hpp"
-#include "tightfit/dist/communicator.hpp"
+#include "tightfit/distributed/agreement.hpp"
+#include "tightfit/distributed/communicator.hpp"
 #include "tightfit/loss/objective.hpp"
 #include "tightfit/nn/layer.hpp"
 #include "tightfit/stream/backward.hpp"

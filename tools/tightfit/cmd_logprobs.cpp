@@ -19,8 +19,9 @@
 #include "output_paths.hpp"
 #include "tightfit/backend/eigen.hpp"
 #include "tightfit/io/safetensors.hpp"
-#include "tightfit/nn/decoder_layer.hpp"
+#include "tightfit/nn/architectures.hpp"
 #include "tightfit/nn/hf_model.hpp"
+#include "tightfit/nn/model.hpp"
 #include "tightfit/stream/forward.hpp"
 
 namespace tightfit::cli {
@@ -64,11 +65,10 @@ void copy_tensors(const safetensors_file& f, safetensors_writer& w,
   }
 }
 
-template <class T>
-int run_logprobs(const arguments& a, const std::string& objective) {
+template <class T, template <class> class Layer>
+int run_logprobs_with(const arguments& a, const std::string& objective, const model_config& cfg) {
   using backend = eigen_backend<T>;
   const std::filesystem::path model_dir = a.get("--model");
-  const model_config cfg = load_hf_config(model_dir);
   check_model_fits(cfg, sizeof(T), 1, &model_dir);  // weights only: no gradients
   // the batch's tokens and activations from its header, before the model or the batch is read
   const auto batch_file = safetensors_file::open(a.get("--batch"));
@@ -86,7 +86,7 @@ int run_logprobs(const arguments& a, const std::string& objective) {
                              batch_host_bytes_per_token);
 
   backend be;
-  llama_model<backend> model(be, cfg);
+  decoder_model<backend, Layer<backend>> model(be, cfg);
   load_hf_weights(model_dir, model.parameters());
   check_finite_weights(model.parameters(), model_dir.string());
   const loaded_batch lb = read_batch(batch_file, objective);
@@ -146,6 +146,15 @@ int run_logprobs(const arguments& a, const std::string& objective) {
   out["out"] = a.get("--out");
   std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   return 0;
+}
+
+/// The layer of the config's architecture (nn/architectures.hpp).
+template <class T>
+int run_logprobs(const arguments& a, const std::string& objective) {
+  const model_config cfg = load_hf_config(a.get("--model"));
+  return with_config_layer(cfg, [&](auto layer) {
+    return run_logprobs_with<T, decltype(layer)::template type>(a, objective, cfg);
+  });
 }
 
 }  // namespace

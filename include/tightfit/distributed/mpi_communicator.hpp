@@ -1,5 +1,5 @@
-// tightfit/dist/mpi_communicator.hpp: the Communicator over MPI (OpenMPI 4.1 on CPUs and between
-// hosts). Link tightfit::mpi.
+// tightfit/distributed/mpi_communicator.hpp: the Communicator over MPI (OpenMPI 4.1 on CPUs and
+// between hosts). Link tightfit::mpi.
 //
 // mpi_environment initialises MPI (MPI_Init_thread, checking that the library provides the
 // required thread level) and finalises it when it goes out of scope, unless MPI was already
@@ -26,7 +26,7 @@
 #include <utility>
 
 #include "tightfit/core/error.hpp"
-#include "tightfit/dist/communicator.hpp"
+#include "tightfit/distributed/communicator.hpp"
 
 namespace tightfit {
 
