@@ -37,7 +37,7 @@
 #include <string>
 #include <vector>
 
-#include "tightfit/args.hpp"
+#include "args.hpp"  // tools/tightfit: the tool's parser
 #include "tightfit/backend/eigen.hpp"
 #include "tightfit/loss/sft.hpp"
 #include "tightfit/nn/decoder_layer.hpp"

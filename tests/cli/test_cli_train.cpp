@@ -153,6 +153,47 @@ TEST_CASE("train: a resumed run ends with the weights of the uninterrupted one")
   CHECK(r.err.find("saved update rule is 'adam'") != std::string::npos);
 }
 
+TEST_CASE("train: --save-steps checkpoints; the newest resumes bit-identical to an unbroken run") {
+  // The run stopped after step 4 stands for one killed after its periodic save at step 4: what
+  // it left on disk is what a killed run leaves (a checkpoint is renamed into place when whole).
+  train_fixture f;
+  const auto data = f.counting();
+  const std::string common = "train --model " + q(f.model) + " --data " + q(data) +
+                             " --optimizer badam --lr 0.02 --switch-every 2 --batch 2 --chunk 8 "
+                             "--shuffle --seed 4 --schedule cosine:2 --total-steps 6 --quiet";
+  const auto out = f.dir / "checkpoints";
+  const auto whole = f.dir / "ckpt-whole", resumed = f.dir / "ckpt-resumed";
+  REQUIRE(run(common + " --steps 6 --save-model " + q(whole)).code == 0);
+  REQUIRE(run(common + " --steps 4 --output-dir " + q(out) + " --save-steps 2 --save-total-limit 1")
+              .code == 0);
+  auto listing = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(out)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  CHECK(listing() == std::vector<std::string>{"checkpoint-4"});  // checkpoint-2 rotated away
+  CHECK(nlohmann::json::parse(
+            cli_testing::slurp(out / "checkpoint-4" / "trainer_state.json"))["global_step"] == 4);
+  const auto log = f.dir / "ckpt-resumed.jsonl";
+  REQUIRE(run(common + " --steps 2 --resume " + q(out) + " --output-dir " + q(out) +
+              " --save-steps 2 --save-total-limit 1 --log " + q(log) + " --save-model " +
+              q(resumed))
+              .code == 0);
+  CHECK(logged_losses(log, 5).size() == 2);  // steps 5, 6
+  // the checkpoint resumed from is an input: kept beside the newest
+  CHECK(listing() == std::vector<std::string>{"checkpoint-4", "checkpoint-6"});
+  const auto a = f.weights(whole), b = f.weights(resumed);
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    REQUIRE(a[i].size() == b[i].size());
+    CHECK(std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(double)) == 0);
+  }
+  // a folder without checkpoints, and --save-steps without --output-dir, are argument errors
+  CHECK(run(common + " --steps 1 --resume " + q(f.model)).code == 2);
+  CHECK(run(common + " --steps 1 --save-steps 2").code == 2);
+}
+
 TEST_CASE("train: --deterministic and --total-steps resume long rows on a cosine schedule") {
   // 160-token rows span two attention key tiles, where only the two-pass backward fixes the
   // summation order; --total-steps gives the split run the whole run's cosine horizon.

@@ -2,13 +2,16 @@
 // data set file.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "optim_testing.hpp"
 #include "tightfit/io/token_file.hpp"
+#include "tightfit/loss/sft.hpp"
 #include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/optim/callbacks.hpp"
 #include "tightfit/optim/checkpoint.hpp"
@@ -319,4 +322,78 @@ TEST_CASE("training loop: grad_accum micro-batches give the update of one union 
         train(m, data, opt, constant_schedule{}, o, sft_loss{});
       }(),
       doctest::Contains("grad_accum is 0"), error);
+}
+
+TEST_CASE("row_order: in order, or a seeded permutation of whole units per epoch") {
+  row_order in_order(6, {});
+  for (std::int64_t k = 0; k < 14; ++k) CHECK(in_order(k) == k % 6);
+
+  const row_order_options shuffled{true, 11, 2};
+  row_order a(6, shuffled), b(6, shuffled);
+  std::vector<index_t> first_epoch;
+  for (std::int64_t e = 0; e < 3; ++e) {
+    std::vector<index_t> epoch;
+    for (std::int64_t k = 6 * e; k < 6 * e + 6; ++k) {
+      const index_t r = a(k);
+      CHECK(r == b(k));  // the same seed, the same order
+      epoch.push_back(r);
+    }
+    for (std::size_t k = 0; k < 6; k += 2) {  // a unit stays together and in order
+      CHECK(epoch[k] % 2 == 0);
+      CHECK(epoch[k + 1] == epoch[k] + 1);
+    }
+    std::vector<index_t> sorted = epoch;
+    std::sort(sorted.begin(), sorted.end());
+    CHECK(sorted == std::vector<index_t>{0, 1, 2, 3, 4, 5});  // every row once
+    if (e == 0) first_epoch = epoch;
+  }
+  // a later epoch asked for out of order gives the same rows (the order is a function of k)
+  row_order c(6, shuffled);
+  CHECK(c(13) == a(13));
+  CHECK(c(0) == first_epoch[0]);
+  // the permutations of 8 units over 20 epochs are not all the same
+  std::set<std::vector<index_t>> seen;
+  for (std::int64_t e = 0; e < 20; ++e) seen.insert(epoch_permutation(8, 11, e));
+  CHECK(seen.size() > 10);
+  CHECK_THROWS_WITH(row_order(5, shuffled), doctest::Contains("5 rows are not whole units of 2"));
+}
+
+TEST_CASE("train: the rows of a shuffled run are the shuffled order's, a unit never split") {
+  const auto cfg = optim_testing::config(2);
+  const index_t n = 6, t = 5;
+  std::vector<token_id> ids(static_cast<std::size_t>(n * t));
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    ids[i] = static_cast<token_id>((i * 7 + i / 5) % static_cast<std::size_t>(cfg.vocab_size));
+  const token_dataset data(n, t, ids);
+  ref be;
+  llama_model<ref> m(be, cfg);
+  m.init_random(3, 0.1);
+  sgd_update_rule rule;
+  rule.lr = 0;  // every step's loss is its rows' loss under the initial model
+  auto opt = make_full_optimizer(m, rule);
+  train_options o;
+  o.steps = 6;
+  o.batch = 2;
+  o.order = {true, 5, 2};
+  std::vector<std::vector<index_t>> rows_seen;
+  auto factory = [&](const dataset_batch& b) {
+    rows_seen.push_back(b.rows);
+    return sft_loss{};
+  };
+  const auto s = train(m, data, opt, constant_schedule{}, o, factory);
+  row_order expected(n, o.order);
+  REQUIRE(rows_seen.size() == 6);
+  for (std::size_t step = 0; step < rows_seen.size(); ++step) {
+    const auto k = static_cast<std::int64_t>(2 * step);
+    CHECK(rows_seen[step] == std::vector<index_t>{expected(k), expected(k + 1)});
+    CHECK(rows_seen[step][1] == rows_seen[step][0] + 1);
+    // the loss is that of the batch of those rows
+    const auto b = make_batch(data, k, 2, expected);
+    sft_loss loss;
+    CHECK(s.losses[step] ==
+          doctest::Approx(compute_gradients(m, b.view(), loss, stream_opts()).loss).epsilon(1e-12));
+  }
+  o.batch = 3;
+  CHECK_THROWS_WITH(train(m, data, opt, constant_schedule{}, o, sft_loss{}),
+                    doctest::Contains("batch is 3 rows, not whole units of 2"));
 }

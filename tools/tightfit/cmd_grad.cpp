@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <tuple>
@@ -22,6 +23,7 @@
 #include "checks.hpp"
 #include "commands.hpp"
 #include "mpi_launch.hpp"
+#include "objective_args.hpp"
 #include "output_paths.hpp"
 #if defined(TIGHTFIT_CLI_CUDA)
 #include "device_cuda.hpp"
@@ -100,20 +102,6 @@ constexpr const char* grad_usage =
     "  host and copied over, the gradients come back in float; one process (no --parallel).\n"
     "  It needs a tightfit built with -DTIGHTFIT_WITH_CUDA=ON. --device cpu (the default) runs\n"
     "  --dtype f32 or f64.\n";
-
-/// A comma-separated list of token ids (--eos-token-id 2 or 2,151645), each in [0, 2^31).
-std::vector<token_id> parse_token_ids(const std::string& key, const std::string& text) {
-  std::vector<token_id> out;
-  std::size_t start = 0;
-  while (true) {
-    const std::size_t comma = text.find(',', start);
-    const std::string item = text.substr(start, comma == std::string::npos ? comma : comma - start);
-    out.push_back(static_cast<token_id>(parse_integer(key, item, 0, (1LL << 31) - 1)));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
 
 /// The rows of `v` (rows of `width` values) listed in `rows`, in that order (empty stays empty).
 template <class V>
@@ -314,14 +302,7 @@ int run_grad_with(const arguments& a, const model_config& cfg, Comm& comm) {
       old = shift_values(read_floats(batch_file, "old_logprobs", b * t), b, t);
     if (batch_file.contains("ref_logprobs"))
       refp = shift_values(read_floats(batch_file, "ref_logprobs", b * t), b, t);
-    grpo_options go;
-    go.beta = a.real("--beta", 0.0, 0, 1e6);
-    go.epsilon_low = a.real("--epsilon-low", 0.2, 0, 1e6);
-    go.epsilon_high = a.real("--epsilon-high", go.epsilon_low, 0, 1e6);
-    go.aggregation = parse_grpo_aggregation(a.get("--loss-type", "grpo"));
-    go.max_completion_length = a.integer("--max-completion-length", 0, 0, max_count);
-    go.level = parse_importance_sampling_level(a.get("--importance-sampling-level", "token"));
-    go.delta = a.real("--delta", 0.0, 0, 1e6);
+    const grpo_options go = grpo_options_from(a);
     grpo_loss loss(adv, old, refp, go);
     const auto my_adv = take_rows(adv, my_docs, 1), my_old = take_rows(old, my_rows, t),
                my_ref = take_rows(refp, my_rows, t);
@@ -330,12 +311,7 @@ int run_grad_with(const arguments& a, const model_config& cfg, Comm& comm) {
     result = gradients(loss, mine);
   } else if (objective == "dpo") {
     const index_t p = lb.pairs();
-    dpo_options dopt;
-    dopt.beta = a.real("--beta", 0.1, 0, 1e6);
-    dopt.label_smoothing = a.real("--label-smoothing", 0.0, 0, 0.5);
-    dopt.rpo_alpha = a.real("--rpo-alpha", 0.0, 0, 1e6);
-    dopt.simpo_gamma = a.real("--simpo-gamma", 0.5, -1e6, 1e6);
-    dopt.loss = parse_dpo_loss_type(a.get("--loss-type", "sigmoid"));
+    const dpo_options dopt = dpo_options_from(a);
     // reference sums: required by sigmoid/ipo/hinge (read_floats names a missing one), used
     // by none of the reference-free losses (simpo, orpo), which accept them when both are given
     std::vector<double> ref_w, ref_l;
@@ -410,8 +386,6 @@ void check_grad_arguments(const arguments& a) {
   if (!a.has("--model") || !a.has("--batch")) throw usage_error{"--model and --batch are required"};
   // names are argument errors (exit 2), checked before any file is read
   const std::string objective = a.get("--objective", "sft");
-  if (objective != "sft" && objective != "grpo" && objective != "dpo")
-    throw usage_error{"--objective expects sft, grpo or dpo, got '" + objective + "'"};
   const std::string device = a.get("--device", "cpu");
   if (device != "cpu" && device != "cuda")
     throw usage_error{"--device expects cpu or cuda, got '" + device + "'"};
@@ -428,12 +402,6 @@ void check_grad_arguments(const arguments& a) {
                       " runs on the CPU only; --device cuda runs one process on one GPU"};
   try {
     const auto sched = parse_backward_schedule(a.get("--schedule", "stream"));
-    if (a.has("--loss-type")) {
-      if (objective == "grpo") parse_grpo_aggregation(a.get("--loss-type"));
-      if (objective == "dpo") parse_dpo_loss_type(a.get("--loss-type"));
-    }
-    if (a.has("--importance-sampling-level"))
-      parse_importance_sampling_level(a.get("--importance-sampling-level"));
     if (a.has("--assignment")) parse_sequence_assignment(a.get("--assignment"));
     if (a.has("--parallel")) {
       const std::string parallel = a.get("--parallel");
@@ -452,48 +420,12 @@ void check_grad_arguments(const arguments& a) {
   } catch (const error& e) {
     throw usage_error{e.what()};
   }
-  // an option of another objective would be silently ignored: refuse it by name
-  auto only_for = [&](const std::string& which, std::initializer_list<const char*> keys) {
-    for (const char* k : keys)
-      if (a.has(k) && objective != which)
-        throw usage_error{std::string(k) + " applies to --objective " + which + ", not " +
-                          objective};
-  };
-  only_for("grpo", {"--epsilon-low", "--epsilon-high", "--max-completion-length",
-                    "--importance-sampling-level", "--delta", "--mask-truncated-completions",
-                    "--eos-token-id"});
-  only_for("dpo", {"--label-smoothing", "--rpo-alpha", "--simpo-gamma"});
-  if (objective == "sft" && (a.has("--loss-type") || a.has("--beta")))
-    throw usage_error{std::string(a.has("--loss-type") ? "--loss-type" : "--beta") +
-                      " applies to --objective grpo or dpo, not sft"};
-  if (a.has("--delta")) {
-    const double delta = a.real("--delta", 0.0, 0, 1e6);
-    if (!(delta > 1))
-      throw usage_error{"--delta is " + a.get("--delta") +
-                        ", expected > 1 (the upper bound of the importance ratio)"};
-  }
-  if (a.has("--mask-truncated-completions") != a.has("--eos-token-id"))
-    throw usage_error{a.has("--eos-token-id")
-                          ? "--eos-token-id is used only with --mask-truncated-completions"
-                          : "--mask-truncated-completions needs --eos-token-id ID[,ID...] "
-                            "(the tokens that end a complete completion)"};
-  if (a.has("--eos-token-id")) (void)parse_token_ids("--eos-token-id", a.get("--eos-token-id"));
-  (void)a.real("--rpo-alpha", 0.0, 0, 1e6);
-  (void)a.real("--simpo-gamma", 0.5, -1e6, 1e6);
+  check_objective_arguments(a, objective);
   // every value is an argument error (exit 2) before any file is read
   if (a.get("--chunk", "512") != "auto") (void)a.integer("--chunk", 512, 1, max_count);
   if (a.has("--budget")) (void)parse_bytes("--budget", a.get("--budget"));
   (void)a.integer("--head-chunk", 0, 0, max_count);
-  (void)a.integer("--max-completion-length", 0, 0, max_count);
   (void)a.real("--temperature", 1.0, 1e-6, 1e6);
-  for (const char* k : {"--beta", "--epsilon-low", "--epsilon-high"}) (void)a.real(k, 0.0, 0, 1e6);
-  (void)a.real("--label-smoothing", 0.0, 0, 0.5);
-  // the objectives' own ranges, as arguments (exit 2) rather than after the model is loaded
-  if (a.has("--epsilon-low") && !(a.real("--epsilon-low", 0.2, 0, 1e6) < 1))
-    throw usage_error{"--epsilon-low is " + a.get("--epsilon-low") +
-                      ", expected in [0, 1) (the ratio's lower clip is 1 - epsilon-low)"};
-  if (objective == "dpo" && a.has("--beta") && !(a.real("--beta", 0.1, 0, 1e6) > 0))
-    throw usage_error{"--beta is " + a.get("--beta") + ", expected > 0 for --objective dpo"};
   output_paths paths;
   paths.input(a.get("--model"));
   paths.input_file(a.get("--batch"));
@@ -503,59 +435,38 @@ void check_grad_arguments(const arguments& a) {
 }  // namespace
 
 int grad(int argc, char** argv) {
-  return with_arguments(argc, argv,
-                        {"--model",
-                         "--batch",
-                         "--objective",
-                         "--schedule",
-                         "--chunk",
-                         "--budget",
-                         "--dtype",
-                         "--device",
-                         "--out",
-                         "--head-chunk",
-                         "--temperature",
-                         "--beta",
-                         "--epsilon-low",
-                         "--epsilon-high",
-                         "--loss-type",
-                         "--label-smoothing",
-                         "--max-completion-length",
-                         "--importance-sampling-level",
-                         "--delta",
-                         "--eos-token-id",
-                         "--rpo-alpha",
-                         "--simpo-gamma",
-                         "--parallel",
-                         "--assignment"},
-                        {"--mask-truncated-completions"}, grad_usage, [&](const arguments& a) {
-                          try {
-                            check_grad_arguments(a);
-                          } catch (const usage_error&) {
-                            if (launched_rank_above_0()) return 2;  // rank 0 prints it once
-                            throw;
-                          }
-                          const std::string dtype = a.get("--dtype", "f32");
-                          if (a.get("--device", "cpu") == "cuda") {
+  std::set<std::string> valued{"--model",     "--batch",      "--objective",   "--schedule",
+                               "--chunk",     "--budget",     "--dtype",       "--device",
+                               "--out",       "--head-chunk", "--temperature", "--parallel",
+                               "--assignment"};
+  valued.insert(objective_valued_options().begin(), objective_valued_options().end());
+  return with_arguments(argc, argv, valued, objective_flags(), grad_usage, [&](const arguments& a) {
+    try {
+      check_grad_arguments(a);
+    } catch (const usage_error&) {
+      if (launched_rank_above_0()) return 2;  // rank 0 prints it once
+      throw;
+    }
+    const std::string dtype = a.get("--dtype", "f32");
+    if (a.get("--device", "cpu") == "cuda") {
 #if defined(TIGHTFIT_CLI_CUDA)
-                            require_cuda_device(0);  // before any file is read
+      require_cuda_device(0);  // before any file is read
 #else
                             fail("--device cuda: this tightfit was built without CUDA; "
                                  "rebuild it with -DTIGHTFIT_WITH_CUDA=ON (needs the CUDA "
                                  "toolkit: nvcc, cuBLAS)");
 #endif
-                            self_communicator self;
-                            return run_grad<float>(a, self);  // bf16: float on the host
-                          }
-                          if (a.has("--parallel"))
-                            return run_under_mpi("grad", [&](auto& comm) {
-                              return dtype == "f64" ? run_grad<double>(a, comm)
-                                                    : run_grad<float>(a, comm);
-                            });
-                          self_communicator self;
-                          if (dtype == "f64") return run_grad<double>(a, self);
-                          return run_grad<float>(a, self);
-                        });
+      self_communicator self;
+      return run_grad<float>(a, self);  // bf16: float on the host
+    }
+    if (a.has("--parallel"))
+      return run_under_mpi("grad", [&](auto& comm) {
+        return dtype == "f64" ? run_grad<double>(a, comm) : run_grad<float>(a, comm);
+      });
+    self_communicator self;
+    if (dtype == "f64") return run_grad<double>(a, self);
+    return run_grad<float>(a, self);
+  });
 }
 
 }  // namespace tightfit::cli

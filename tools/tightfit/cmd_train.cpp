@@ -1,4 +1,5 @@
-// tightfit train: SFT training of a decoder model with a full or block coordinate optimizer
+// tightfit train: SFT, DPO or offline GRPO training (--objective; training_data.hpp) of a
+// decoder model with a full or block coordinate optimizer
 // (Adam, AdamW, SGD, BAdam, BREAD-SGD, BREAD-LoRA) or LoRA adapters (AdamW on the adapters, the
 // model frozen; written in the PEFT layout) on a tokenized safetensors data set, with
 // gradient accumulation (--grad-accum) and, under mpirun, data parallelism (--parallel data:
@@ -7,6 +8,8 @@
 // ZeRO-1 for the full optimizers, BAdam). --device cuda trains with adam, adamw or sgd on one
 // GPU (device_cuda.hpp): the host loads and checks as for the CPU, the device runs the steps;
 // --dtype bf16 there (adam, adamw): bf16 weights and gradients, fp32 master weights and moments.
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -14,18 +17,20 @@
 #include <set>
 #include <string>
 #include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "args.hpp"
+#include "checkpoints.hpp"
 #include "checks.hpp"
 #include "commands.hpp"
 #include "device_cuda.hpp"
 #include "mpi_launch.hpp"
+#include "objective_args.hpp"
 #include "output_paths.hpp"
 #include "tightfit/backend/eigen.hpp"
 #include "tightfit/distributed/self_communicator.hpp"
 #include "tightfit/distributed/sequence_step.hpp"
-#include "tightfit/io/token_file.hpp"
 #include "tightfit/loss/sft.hpp"
 #include "tightfit/nn/architectures.hpp"
 #include "tightfit/nn/hf_model.hpp"
@@ -38,6 +43,7 @@
 #include "tightfit/optim/optim.hpp"
 #include "tightfit/optim/train.hpp"
 #include "tightfit/optim/zero1.hpp"
+#include "training_data.hpp"
 
 namespace tightfit::cli {
 
@@ -49,11 +55,25 @@ void train_usage(std::FILE* out) {
       "usage: tightfit train (--model DIR | --preset NAME) --data FILE\n"
       "         --optimizer adam|adamw|sgd|badam|bread-sgd|bread-lora|lora [options]\n"
       "  --preset NAME        tiny, or a preset of nn/presets.hpp (qwen3-bench, small, ...)\n"
-      "  --data FILE          safetensors with input_ids (N, T), optional labels (N, T) and\n"
+      "  --objective O        sft, dpo or grpo (default sft)\n"
+      "  --data FILE          safetensors; sft: input_ids (N, T), optional labels (N, T) and\n"
       "                       optional position_ids (N, T): packed rows, positions restarting\n"
-      "                       at 0 at each document (a document attends only to itself)\n"
-      "  --steps N            optimizer steps (default 100)\n"
-      "  --batch B            rows per micro-batch (and rank) (default 1)\n"
+      "                       at 0 at each document (a document attends only to itself);\n"
+      "                       dpo: chosen_/rejected_input_ids, _labels (P, T), optional\n"
+      "                       _attention_mask, ref_chosen_logps / ref_rejected_logps (P);\n"
+      "                       grpo: input_ids, labels (N, T), optional attention_mask,\n"
+      "                       advantages (N) or rewards (N) with --num-generations G,\n"
+      "                       optional ref_logprobs (N, T); reference log-probs the file\n"
+      "                       lacks are computed once by the model as loaded\n"
+      "  --beta, --loss-type, --epsilon-low, ...   the objective's options, as `grad` has them\n"
+      "  --num-generations G  grpo with rewards: G consecutive rows are one prompt's group\n"
+      "  --scale-rewards S    group (default: A = (r - mean) / (std + 1e-4)) or none\n"
+      "  --steps N            optimizer steps (default 100, or what --epochs gives)\n"
+      "  --epochs E           passes over the data set instead of --steps (steps: the\n"
+      "                       smallest count covering E x N rows)\n"
+      "  --shuffle            a seeded permutation of the rows per epoch (--seed; DPO pairs\n"
+      "                       stay together); default: rows in order\n"
+      "  --batch B            rows (dpo: pairs) per micro-batch (and rank) (default 1)\n"
       "  --grad-accum N       micro-batches per optimizer step (default 1): a step trains on\n"
       "                       ranks x N x B rows, normalised over all of them (exact)\n"
       "  --parallel data      data parallel over the ranks of mpirun (needs MPI): each rank\n"
@@ -71,10 +91,12 @@ void train_usage(std::FILE* out) {
       "                       with -DTIGHTFIT_WITH_CUDA=ON); not with --grad-accum > 1,\n"
       "                       --resume or --save-state\n"
       "  --lr X               learning rate of the update rule (default 1e-3; sgd 1e-2)\n"
+      "  --weight-decay X     adamw: decoupled (default 0.01); adam, sgd: L2 (default 0)\n"
+      "  --adam-beta1 X, --adam-beta2 X, --adam-epsilon X   (defaults 0.9, 0.999, 1e-8)\n"
       "  --schedule S         constant | warmup:W | cosine | cosine:W (default constant)\n"
       "  --total-steps N      the schedule's horizon (default: steps already done + --steps;\n"
       "                       give the whole run's length when it is split with --resume)\n"
-      "  --clip X             clip gradients to global norm X (default off)\n"
+      "  --max-grad-norm X    clip gradients to global norm X (default 0: off); --clip X too\n"
       "  --chunk N            StreamBP chunk (default 512); --sched full|checkpoint|stream\n"
       "  --switch-every K     steps per block (default 50)\n"
       "  --order O            ascending|descending|random|fixed (default random)\n"
@@ -90,10 +112,15 @@ void train_usage(std::FILE* out) {
       "  --adapter DIR        LoRA: start from this PEFT adapter (its adapter_config.json gives\n"
       "                       rank, alpha and targets)\n"
       "  --seed S             model initialisation (presets) and block order seed (default 1)\n"
-      "  --log FILE           JSON lines, one per step\n"
+      "  --log FILE           JSON lines, one per step: loss, lr, grad_norm (when clipping),\n"
+      "                       tokens, tokens/s, seconds, peak bytes\n"
       "  --save-state FILE    checkpoint (weights + optimizer state) at the end; with\n"
       "                       --parallel data and a sharded state, rank r > 0 writes FILE.rankR\n"
-      "  --resume FILE        continue from a checkpoint (saved with as many ranks)\n"
+      "  --resume FILE|DIR    continue from a checkpoint (saved with as many ranks): a state\n"
+      "                       file, a checkpoint-N folder, or an --output-dir (its newest)\n"
+      "  --output-dir DIR     where --save-steps writes checkpoint-N/ folders\n"
+      "  --save-steps N       a checkpoint every N steps (state + trainer_state.json)\n"
+      "  --save-total-limit K keep the K newest checkpoints (default all)\n"
       "  --deterministic      same bits on every run (the two-pass attention backward, 1.4x its\n"
       "                       matmul work): a resumed run then matches the uninterrupted one\n"
       "  --save-model DIR     write the trained weights (model.safetensors + config.json); LoRA:\n"
@@ -119,10 +146,12 @@ model_config train_preset(const std::string& name) {
 }
 
 struct args {
+  std::string output_dir, resume_dir;  // resume_dir: the checkpoint folder --resume named
+  std::int64_t save_steps = 0, save_total_limit = 0;
   std::string model, preset, data, optimizer,
-      schedule = "constant", order = "random", start_block, log, save_state, resume, save_model,
-      sched = "stream", scope = "partial", parallel, assignment, dtype = "f32", device = "cpu",
-      adapter, merge_out;
+      objective = "sft", scale_rewards = "group", schedule = "constant", order = "random",
+      start_block, log, save_state, resume, save_model, sched = "stream", scope = "partial",
+      parallel, assignment, dtype = "f32", device = "cpu", adapter, merge_out;
   std::optional<index_t> lora_rank;
   std::optional<double> lora_alpha, lora_dropout;
   std::optional<std::string> target_modules;
@@ -131,6 +160,17 @@ struct args {
   index_t batch = 1, grad_accum = 1, chunk = 512, switch_every = 50, rank = 8;
   std::optional<double> lr, bread_lr;
   double clip = 0, loraplus = 1;
+  std::optional<double> weight_decay, adam_beta1, adam_beta2, adam_epsilon, epochs;
+  index_t num_generations = 0;  // 0: not given
+  bool steps_given = false, shuffle = false;
+  /// The objective's options (--beta, --loss-type, ...), as `grad` reads them.
+  std::vector<std::string> objective_options{"train"};
+  arguments objective_arguments() const {
+    std::vector<char*> argv;
+    for (const auto& o : objective_options) argv.push_back(const_cast<char*>(o.c_str()));
+    return arguments(static_cast<int>(argv.size()), argv.data(), objective_valued_options(),
+                     objective_flags());
+  }
   std::uint64_t seed = 1;
   bool embedding_block = false, head_block = false, sign = false, quiet = false;
   bool deterministic = false;
@@ -168,6 +208,20 @@ void validate(const args& a) {
   if (!optimizers.contains(a.optimizer))
     throw usage_error{"unknown optimizer '" + a.optimizer +
                       "', expected adam, adamw, sgd, badam, bread-sgd, bread-lora or lora"};
+  check_objective_arguments(a.objective_arguments(), a.objective);
+  if (a.objective != "sft" && a.device == "cuda")
+    throw usage_error{"--device cuda trains --objective sft; not " + a.objective + " yet"};
+  if (a.objective != "grpo" && (a.num_generations > 0 || a.scale_rewards != "group"))
+    throw usage_error{"--num-generations and --scale-rewards apply to --objective grpo"};
+  if (a.scale_rewards != "group" && a.scale_rewards != "none")
+    throw usage_error{"--scale-rewards is '" + a.scale_rewards + "', expected group or none"};
+  if (a.epochs && a.steps_given) throw usage_error{"give --steps or --epochs, not both"};
+  if ((a.save_steps > 0) != !a.output_dir.empty())
+    throw usage_error{"--save-steps N and --output-dir DIR go together"};
+  if (a.save_total_limit > 0 && a.save_steps == 0)
+    throw usage_error{"--save-total-limit applies to --save-steps"};
+  if (a.epochs && !a.resume.empty())
+    throw usage_error{"--epochs counts from the start; a resumed run gives --steps"};
   const bool lora = a.optimizer == "lora";
   const bool lora_given = a.lora_rank || a.lora_alpha || a.lora_dropout || a.target_modules ||
                           a.rslora || !a.adapter.empty() || !a.merge_out.empty();
@@ -205,8 +259,8 @@ void validate(const args& a) {
     if (a.grad_accum != 1)
       throw usage_error{"--device cuda: --grad-accum " + std::to_string(a.grad_accum) +
                         " is not done on the GPU yet (give --batch instead)"};
-    if (!a.resume.empty() || !a.save_state.empty())
-      throw usage_error{std::string(a.resume.empty() ? "--save-state" : "--resume") +
+    if (!a.resume.empty() || !a.save_state.empty() || a.save_steps > 0)
+      throw usage_error{std::string(a.resume.empty() ? "--save-state / --save-steps" : "--resume") +
                         " with --device cuda is not done yet (the optimizer state stays on the "
                         "GPU)"};
   }
@@ -261,6 +315,7 @@ void check_paths(const args& a, int ranks = 1) {
     for (int r = 0; r < ranks; ++r) paths.input_file(shard_path(a.resume, r));
   if (!a.adapter.empty()) paths.input_dir(a.adapter);
   if (!a.log.empty()) paths.output_file("--log", a.log);
+  if (!a.output_dir.empty()) paths.output_dir("--output-dir", a.output_dir, {});
   if (!a.save_state.empty()) {
     paths.output_file("--save-state", a.save_state);
     for (int r = 1; r < ranks; ++r)
@@ -301,12 +356,13 @@ constexpr bool sharded_state = requires(Opt& o) {
 
 /// The summary line of a run (rank 0).
 void print_summary(const args& a, const train_summary& s, double peak) {
+  const auto steps = static_cast<long long>(s.losses.size());
   const double first = s.losses.empty() ? 0 : s.losses.front();
   const double last = s.losses.empty() ? 0 : s.losses.back();
   std::printf(
       "optimizer %s  steps %lld  loss %.4f -> %.4f  %.0f tok/s  peak %.1f MiB  state %.1f MiB\n",
-      a.optimizer.c_str(), static_cast<long long>(a.steps), first, last, s.tokens_per_second,
-      peak / 1048576.0, static_cast<double>(s.state_bytes) / 1048576.0);
+      a.optimizer.c_str(), steps, first, last, s.tokens_per_second, peak / 1048576.0,
+      static_cast<double>(s.state_bytes) / 1048576.0);
 }
 
 /// --save-model of the full-weight optimizers: model.safetensors + config.json.
@@ -336,8 +392,35 @@ struct progress_if_shown {
   }
 };
 
+/// `rule` with the options' --lr, --weight-decay and (Adam, AdamW) --adam-beta1, --adam-beta2,
+/// --adam-epsilon; checked by the rule's validate() (a bad value: tightfit::error naming it).
+template <class Rule>
+Rule with_hyperparameters(Rule rule, const args& a) {
+  if (a.lr) rule.lr = *a.lr;
+  if (a.weight_decay) rule.weight_decay = *a.weight_decay;
+  if constexpr (requires { rule.beta1; }) {
+    if (a.adam_beta1) rule.beta1 = *a.adam_beta1;
+    if (a.adam_beta2) rule.beta2 = *a.adam_beta2;
+    if (a.adam_epsilon) rule.eps = *a.adam_epsilon;
+  }
+  rule.validate();
+  return rule;
+}
+
+/// The optimizer steps of the run: --steps, or the smallest count whose rows cover --epochs
+/// passes over the data (a step takes rows_per_step rows).
+std::int64_t run_steps(const args& a, index_t rows, index_t rows_per_step) {
+  if (!a.epochs) return a.steps;
+  const double steps =
+      std::ceil(*a.epochs * static_cast<double>(rows) / static_cast<double>(rows_per_step));
+  check(steps <= static_cast<double>(big), "--epochs ", *a.epochs, " over ", rows, " rows is ",
+        steps, " steps, more than 2^62");
+  return std::max<std::int64_t>(1, static_cast<std::int64_t>(steps));
+}
+
 template <class T, class Model, class Opt, class Comm>
-int run_training(Model& model, const token_dataset& data, Opt& opt, const args& a, Comm& comm) {
+int run_training(Model& model, const training_data& data, Opt& opt, const args& a, Comm& comm,
+                 double base_lr) {
   const bool root = comm.rank() == 0;
   if (!a.resume.empty()) {
     try {
@@ -360,9 +443,11 @@ int run_training(Model& model, const token_dataset& data, Opt& opt, const args& 
     check_finite_weights(model.parameters(), a.resume);
   }
   train_options o;
-  o.steps = a.steps;
-  o.batch = a.batch;
+  o.batch = a.batch * data.unit();  // dpo: --batch counts pairs
   o.grad_accum = a.grad_accum;
+  o.order = {a.shuffle, a.seed, data.unit()};
+  const index_t row_ranks = a.parallel == "data" ? static_cast<index_t>(comm.size()) : 1;
+  o.steps = run_steps(a, data.rows.rows(), o.batch * o.grad_accum * row_ranks);
   o.backward.sched = parse_backward_schedule(a.sched);
   o.backward.chunk = a.chunk;
   // Non-finite policy: train() stops at a non-finite loss; a non-finite gradient or update stops
@@ -377,20 +462,50 @@ int run_training(Model& model, const token_dataset& data, Opt& opt, const args& 
     }
   };
   std::optional<json_log> log;
-  if (!a.log.empty() && root) log.emplace(a.log);
+  if (!a.log.empty() && root) log.emplace(a.log, base_lr);
+  // The state (weights + optimizer state) to `path`; a sharded state: rank r > 0 to path.rankR.
+  auto write_state = [&](const std::string& path) {
+    safetensors_writer w;
+    if (root) {
+      save_checkpoint(w, model, opt);
+      if (!a.parallel.empty()) w.set_metadata("dist.ranks", std::to_string(comm.size()));
+      w.write(path);
+    } else if constexpr (sharded_state<Opt>) {
+      opt.save(w);
+      w.write(shard_path(path, comm.rank()));
+    }
+  };
+  checkpoint_saver saver(a.output_dir, a.save_steps, a.save_total_limit, a.resume_dir, root,
+                         [&comm] { comm.barrier(); });
+  auto periodic = [&](std::int64_t step, const step_result&) {
+    if (saver.due(step + 1))
+      saver.save(step + 1, [&](const std::filesystem::path& dir) {
+        write_state((dir / checkpoint_state_name).string());
+      });
+  };
   // opt.steps(): done before (resume); the run's last step must stay a count (no wrap-around)
-  check(opt.steps() >= 0 && opt.steps() <= big - a.steps, a.resume.empty() ? "" : a.resume + ": ",
-        "the state has done ", opt.steps(), " steps; with --steps ", a.steps,
+  check(opt.steps() >= 0 && opt.steps() <= big - o.steps, a.resume.empty() ? "" : a.resume + ": ",
+        "the state has done ", opt.steps(), " steps; with --steps ", o.steps,
         " the run would end past step 2^62 (", big, ")");
-  const std::int64_t horizon = opt.steps() + a.steps;
+  const std::int64_t horizon = opt.steps() + o.steps;
   check(a.total_steps == 0 || a.total_steps >= horizon, "--total-steps is ", a.total_steps,
         ", but this run ends at step ", horizon);
   const auto sched =
       runtime_schedule::parse(a.schedule, a.total_steps > 0 ? a.total_steps : horizon);
   // the step's gradients: the ranks split its rows, or (--parallel sequence) its positions
   auto run = [&](const auto& gradients) {
-    return train(gradients, model, data, opt, sched, o, sft_loss{}, log_if_open{log},
-                 progress_if_shown{!a.quiet && root}, finite);
+    auto with = [&](auto&& objective) {
+      return train(gradients, model, data.rows, opt, sched, o, objective, log_if_open{log},
+                   progress_if_shown{!a.quiet && root}, finite, periodic);
+    };
+    if (data.objective == "sft") return with(sft_loss{});
+    const arguments oa = a.objective_arguments();
+    row_objective_factory factory{&data, {}, {}};
+    if (data.objective == "grpo")
+      factory.grpo = grpo_options_from(oa);
+    else
+      factory.dpo = dpo_options_from(oa);
+    return with(factory);
   };
   train_summary s;
   if (a.parallel == "sequence") {
@@ -401,17 +516,7 @@ int run_training(Model& model, const token_dataset& data, Opt& opt, const args& 
   } else {
     s = run(data_parallel_training<Comm>{&comm});
   }
-  if (!a.save_state.empty()) {
-    safetensors_writer w;
-    if (root) {
-      save_checkpoint(w, model, opt);
-      if (!a.parallel.empty()) w.set_metadata("dist.ranks", std::to_string(comm.size()));
-      w.write(a.save_state);
-    } else if constexpr (sharded_state<Opt>) {
-      opt.save(w);
-      w.write(shard_path(a.save_state, comm.rank()));
-    }
-  }
+  if (!a.save_state.empty()) write_state(a.save_state);
   // the largest rank's peak (every rank takes part in the gather)
   const double peak = max_over_ranks(comm, static_cast<double>(s.peak_bytes));
   if (!root) return 0;
@@ -442,19 +547,12 @@ int train_on_cuda(Model& model, const token_dataset& data, const args& a) {
   auto& p = model.parameters();
   for (std::size_t i = 0; i < p.size(); ++i) job.parameters.push_back({p.name(i), p.value(i), {}});
   job.data = &data;
-  if (a.optimizer == "adam") {
-    adam_update_rule r;
-    if (a.lr) r.lr = *a.lr;
-    job.rule = r;
-  } else if (a.optimizer == "adamw") {
-    adamw_update_rule r;
-    if (a.lr) r.lr = *a.lr;
-    job.rule = r;
-  } else {
-    sgd_update_rule r;
-    if (a.lr) r.lr = *a.lr;
-    job.rule = r;
-  }
+  if (a.optimizer == "adam")
+    job.rule = with_hyperparameters(adam_update_rule{}, a);
+  else if (a.optimizer == "adamw")
+    job.rule = with_hyperparameters(adamw_update_rule{}, a);
+  else
+    job.rule = with_hyperparameters(sgd_update_rule{}, a);
   job.max_grad_norm = a.clip;
   check(a.total_steps == 0 || a.total_steps >= a.steps, "--total-steps is ", a.total_steps,
         ", but this run ends at step ", a.steps);
@@ -465,7 +563,7 @@ int train_on_cuda(Model& model, const token_dataset& data, const args& a) {
   job.options.backward.chunk = a.chunk;
   job.deterministic = a.deterministic;
   std::optional<json_log> log;
-  if (!a.log.empty()) log.emplace(a.log);
+  if (!a.log.empty()) log.emplace(a.log, std::visit([](const auto& r) { return r.lr; }, job.rule));
   log_if_open logger{log};
   const progress_if_shown progress{!a.quiet};
   job.on_step = [&](const train_step& s) {
@@ -520,6 +618,12 @@ int train(int argc, char** argv) {
         a.save_state = value();
       } else if (f == "--resume") {
         a.resume = value();
+      } else if (f == "--output-dir") {
+        a.output_dir = value();
+      } else if (f == "--save-steps") {
+        a.save_steps = parse_integer(f, value(), 1, big);
+      } else if (f == "--save-total-limit") {
+        a.save_total_limit = parse_integer(f, value(), 1, big);
       } else if (f == "--save-model") {
         a.save_model = value();
       } else if (f == "--bread-scope") {
@@ -550,6 +654,30 @@ int train(int argc, char** argv) {
         a.grad_accum = parse_integer(f, value(), 1, big);
       } else if (f == "--steps") {
         a.steps = parse_integer(f, value(), 0, big);
+        a.steps_given = true;
+      } else if (f == "--epochs") {
+        a.epochs = parse_real(f, value(), 1e-9, 1e9);
+      } else if (f == "--shuffle") {
+        a.shuffle = true;
+      } else if (f == "--objective") {
+        a.objective = value();
+      } else if (f == "--num-generations") {
+        a.num_generations = parse_integer(f, value(), 2, big);
+      } else if (f == "--scale-rewards") {
+        a.scale_rewards = value();
+      } else if (objective_valued_options().contains(f)) {
+        a.objective_options.push_back(f);
+        a.objective_options.push_back(value());
+      } else if (objective_flags().contains(f)) {
+        a.objective_options.push_back(f);
+      } else if (f == "--weight-decay") {
+        a.weight_decay = parse_real(f, value(), 0, 1e6);
+      } else if (f == "--adam-beta1") {
+        a.adam_beta1 = parse_real(f, value(), 0, 0.999999999);
+      } else if (f == "--adam-beta2") {
+        a.adam_beta2 = parse_real(f, value(), 0, 0.999999999);
+      } else if (f == "--adam-epsilon") {
+        a.adam_epsilon = parse_real(f, value(), 1e-300, 1);
       } else if (f == "--total-steps") {
         a.total_steps = parse_integer(f, value(), 1, big);
       } else if (f == "--batch") {
@@ -566,7 +694,7 @@ int train(int argc, char** argv) {
         a.lr = parse_real(f, value(), 0, max_lr);
       } else if (f == "--bread-lr") {
         a.bread_lr = parse_real(f, value(), 0, max_lr);
-      } else if (f == "--clip") {
+      } else if (f == "--clip" || f == "--max-grad-norm") {
         a.clip = parse_real(f, value(), 0, 1e12);
       } else if (f == "--loraplus") {
         a.loraplus = parse_real(f, value(), 1e-6, 1e6);
@@ -583,6 +711,12 @@ int train(int argc, char** argv) {
       } else {
         throw usage_error{"unknown option '" + f + "'"};
       }
+    }
+    if (!a.resume.empty()) {  // a folder: its (newest) checkpoint's state file
+      const std::string file = resume_state_file(a.resume);
+      const auto folder = std::filesystem::path(file).parent_path();
+      if (checkpoint_step(folder)) a.resume_dir = folder.string();  // never rotated away
+      a.resume = file;
     }
     validate(a);
     check_paths(a);
@@ -667,16 +801,15 @@ int run_model(const args& a, const model_config& cfg, Comm& comm) {
                      std::to_string(sizeof(T)) + " bytes)",
                  checked_product_or_fail("the LoRA adapters' bytes", {*values, 4, sizeof(T)}));
   }
-  check_token_table_fits(a.data);
-  auto table = read_token_table(a.data);
-  const token_dataset data(table.rows, table.seq_len, std::move(table.input_ids),
-                           std::move(table.labels), std::move(table.position_ids));
+  const arguments objective_args = a.objective_arguments();
+  training_data data = read_training_data(a.data, a.objective, objective_args,
+                                          {a.num_generations, a.scale_rewards == "group"});
   {
     backward_options bo;
     bo.sched = parse_backward_schedule(a.sched);
     bo.chunk = a.chunk;
-    check_activations_fit<T>("--batch " + std::to_string(a.batch), true, cfg, a.batch,
-                             data.seq_len(), bo);
+    check_activations_fit<T>("--batch " + std::to_string(a.batch), true, cfg, a.batch * data.unit(),
+                             data.rows.seq_len(), bo);
   }
   decoder_model<backend, Layer<backend>> model(be, cfg);
   if (a.model.empty()) {
@@ -685,10 +818,16 @@ int run_model(const args& a, const model_config& cfg, Comm& comm) {
     load_hf_weights(a.model, model.parameters());
     check_finite_weights(model.parameters(), a.model);
   }
+  if (needs_references(data, objective_args)) {  // the model as loaded is the reference
+    data.rows.validate(cfg.vocab_size);
+    forward_options fo;
+    fo.chunk = a.chunk;
+    compute_references(model, data, a.batch * data.unit(), fo);
+  }
 
 #if defined(TIGHTFIT_CLI_CUDA)
   if constexpr (std::is_same_v<T, float> && !parallel)
-    if (a.device == "cuda") return train_on_cuda(model, data, a);
+    if (a.device == "cuda") return train_on_cuda(model, data.rows, a);
 #endif
   check(a.device == "cpu", "--device cuda: this tightfit was built without CUDA");
 
@@ -700,35 +839,26 @@ int run_model(const args& a, const model_config& cfg, Comm& comm) {
   bo.switch_every = a.switch_every;
   bo.max_grad_norm = a.clip;
   bo.seed = a.seed;
-  adam_update_rule adam;
-  if (a.lr) adam.lr = *a.lr;
+  const adam_update_rule adam = with_hyperparameters(adam_update_rule{}, a);
   const auto scope = a.scope == "all" ? expansion_scope::all : expansion_scope::partial;
 
   // The full optimizers: over the ranks, ZeRO-1 (each rank keeps 1/N of the state).
   auto full = [&](auto rule) {
     if constexpr (parallel) {
       zero1_full_optimizer<decltype(model), decltype(rule), Comm> opt(model, rule, comm, a.clip);
-      return run_training<T>(model, data, opt, a, comm);
+      return run_training<T>(model, data, opt, a, comm, rule.lr);
     } else {
       auto opt = make_full_optimizer(model, rule, a.clip);
-      return run_training<T>(model, data, opt, a, comm);
+      return run_training<T>(model, data, opt, a, comm, rule.lr);
     }
   };
   if (a.optimizer == "adam") return full(adam);
-  if (a.optimizer == "adamw") {
-    adamw_update_rule w;
-    if (a.lr) w.lr = *a.lr;
-    return full(w);
-  }
-  if (a.optimizer == "sgd") {
-    sgd_update_rule s;
-    if (a.lr) s.lr = *a.lr;
-    return full(s);
-  }
+  if (a.optimizer == "adamw") return full(with_hyperparameters(adamw_update_rule{}, a));
+  if (a.optimizer == "sgd") return full(with_hyperparameters(sgd_update_rule{}, a));
   if (a.optimizer == "badam") {
     block_optimizer<decltype(model), adam_update_rule, runtime_order> opt(model, part, adam, order,
                                                                           {}, bo);
-    return run_training<T>(model, data, opt, a, comm);
+    return run_training<T>(model, data, opt, a, comm, adam.lr);
   }
   if (a.optimizer == "bread-sgd") {
     sgd_expansion e;
@@ -737,7 +867,7 @@ int run_model(const args& a, const model_config& cfg, Comm& comm) {
     e.scope = scope;
     block_optimizer<decltype(model), adam_update_rule, runtime_order, sgd_expansion> opt(
         model, part, adam, order, e, bo);
-    return run_training<T>(model, data, opt, a, comm);
+    return run_training<T>(model, data, opt, a, comm, adam.lr);
   }
   if constexpr (!parallel) {
     if (a.optimizer == "lora") {
@@ -750,10 +880,9 @@ int run_model(const args& a, const model_config& cfg, Comm& comm) {
             adapters.parameters(),
             (std::filesystem::path(a.adapter) / "adapter_model.safetensors").string());
       }
-      adamw_update_rule w;
-      if (a.lr) w.lr = *a.lr;
+      const auto w = with_hyperparameters(adamw_update_rule{}, a);
       lora_optimizer<decltype(model)> opt(adapters, w, a.clip);
-      return run_training<T>(model, data, opt, a, comm);
+      return run_training<T>(model, data, opt, a, comm, w.lr);
     }
     if (a.optimizer == "bread-lora") {
       lora_expansion e;
@@ -763,7 +892,7 @@ int run_model(const args& a, const model_config& cfg, Comm& comm) {
       e.scope = scope;
       block_optimizer<decltype(model), adam_update_rule, runtime_order, lora_expansion> opt(
           model, part, adam, order, e, bo);
-      return run_training<T>(model, data, opt, a, comm);
+      return run_training<T>(model, data, opt, a, comm, adam.lr);
     }
   }
   fail("optimizer '", a.optimizer, "' is not available here");  // validate() refused it

@@ -7,6 +7,7 @@
 #include "tightfit/optim/block_optimizer.hpp"
 #include "tightfit/optim/callbacks.hpp"
 #include "tightfit/optim/checkpoint.hpp"
+#include "tightfit/optim/data_order.hpp"
 #include "tightfit/optim/expansion.hpp"
 #include "tightfit/optim/lora_optimizer.hpp"
 #include "tightfit/optim/order.hpp"

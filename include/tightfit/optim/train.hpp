@@ -4,7 +4,9 @@
 //
 // Data: token_dataset, N rows of T tokens: input_ids (N, T) and labels (N, T) in the Hugging
 // Face convention (unshifted; -100 ignored; labels absent: the inputs themselves), in memory
-// (io/token_file.hpp reads them from a safetensors file).
+// (io/token_file.hpp reads them from a safetensors file). train_options::order says which data
+// row the run's k-th row is (optim/data_order.hpp): in order, wrapping around (the default), or
+// a seeded shuffle per epoch that keeps units of rows (a DPO pair) together.
 //
 // How a step's gradients are computed is a parameter of train(), a TrainingGradients policy:
 //  - data_parallel_training<C>{&comm} (distributed/data_parallel.hpp; also what train(comm, ...)
@@ -16,14 +18,16 @@
 // A step takes G = R' x A x B rows: B rows per micro-batch (train_options::batch), A micro-batches
 // per step and rank (train_options::grad_accum, gradient accumulation), R' ranks that split the
 // rows (the policy's row_ranks(): R for data parallelism, 1 for sequence parallelism). Step s
-// trains on rows [s*G, s*G + G) modulo N, row rank r's micro-batch m on the B rows from
-// s*G + (r*A + m)*B: the union of a step's pieces is the batch of one process run with
+// trains on the run's rows [s*G, s*G + G), row rank r's micro-batch m on the B rows from
+// s*G + (r*A + m)*B (each mapped to a data row by the order): the union of a step's pieces is the
+// batch of one process run with
 // --batch G. With A > 1 or more than one rank the optimizer's step gets the policy's gradients
 // over the step's pieces, whose normalisers span the whole step, so the update equals the
 // one-process update on the union batch (to rounding).
 //
 // Each step sets the optimizer's learning-rate factor from the schedule, builds each piece's
-// objective (a copy of the Objective given, or objective(batch) when a factory is given), steps,
+// objective (a copy of the Objective given, or objective(batch) when a factory is given: it
+// reads dataset_batch::rows for per-row data such as advantages or reference log-probs), steps,
 // stops at a non-finite loss or gradient norm (nothing further is reported), then calls each
 // callback. The loss reported is the step's (all pieces, all ranks). A callback may define any of
 //   on_begin(const train_begin&)   on_step(const train_step&)   on_end(const train_summary&)
@@ -48,6 +52,7 @@
 #include "tightfit/loss/objective.hpp"
 #include "tightfit/nn/layer.hpp"
 #include "tightfit/optim/block_optimizer.hpp"
+#include "tightfit/optim/data_order.hpp"
 #include "tightfit/optim/schedule.hpp"
 #include "tightfit/stream/backward.hpp"
 
@@ -104,23 +109,27 @@ class token_dataset {
   std::vector<index_t> pos_;            // (N, T) or empty
 };
 
-/// One batch of B rows (wrapping around the data set) with shifted targets.
+/// One batch of B rows of a data set with shifted targets.
 struct dataset_batch {
   std::vector<token_id> ids, targets;  // (B*T)
   std::vector<index_t> positions;      // (B*T) packed rows, or empty
+  std::vector<index_t> rows;           // (B) the data set's row of each batch row
   index_t batch = 1, seq_len = 0;
   token_batch view() const { return {batch, seq_len, ids, targets, {}, positions}; }
 };
 
-/// Rows [first, first + B) modulo N.
-inline dataset_batch make_batch(const token_dataset& data, index_t first, index_t batch) {
+/// The run's rows [first, first + B), each mapped to a data row by `order`.
+inline dataset_batch make_batch(const token_dataset& data, std::int64_t first, index_t batch,
+                                row_order& order) {
   dataset_batch b;
   b.batch = batch;
   b.seq_len = data.seq_len();
   std::vector<token_id> labels;
   const auto t = static_cast<std::size_t>(data.seq_len());
   for (index_t k = 0; k < batch; ++k) {
-    const auto r = static_cast<std::size_t>((first + k) % data.rows());
+    const index_t row = order(first + k);
+    const auto r = static_cast<std::size_t>(row);
+    b.rows.push_back(row);
     b.ids.insert(b.ids.end(), data.input_ids().begin() + static_cast<std::ptrdiff_t>(r * t),
                  data.input_ids().begin() + static_cast<std::ptrdiff_t>((r + 1) * t));
     labels.insert(labels.end(), data.labels().begin() + static_cast<std::ptrdiff_t>(r * t),
@@ -134,12 +143,19 @@ inline dataset_batch make_batch(const token_dataset& data, index_t first, index_
   return b;
 }
 
+/// Rows [first, first + B) modulo N, in order.
+inline dataset_batch make_batch(const token_dataset& data, std::int64_t first, index_t batch) {
+  row_order in_order(data.rows(), {});
+  return make_batch(data, first, batch, in_order);
+}
+
 /// Options of train().
 struct train_options {
   std::int64_t steps = 100;
   index_t batch = 1;          ///< rows per micro-batch (and rank, with data parallelism)
   index_t grad_accum = 1;     ///< micro-batches per optimizer step (and rank)
   backward_options backward;  ///< schedule, chunk, ... (gradient control: the optimizer's)
+  row_order_options order;    ///< in order, or shuffled per epoch (optim/data_order.hpp)
 };
 
 /// How train() computes a step's gradients (see the top comment): ranks() in all, row_ranks()
@@ -267,7 +283,10 @@ train_summary train(const P& gradients, M& model, const token_dataset& data, Opt
     check(!pieces,
           "train: gradient accumulation and data parallelism need an objective whose "
           "normalisers span the step (StepNormalisedObjective)");
+  check(options.batch % options.order.unit == 0, "train: batch is ", options.batch,
+        " rows, not whole units of ", options.order.unit, " rows (a unit is never split)");
   data.validate(model.config().vocab_size);
+  row_order order(data.rows(), options.order);
   train_summary sum;
   const auto start = clock::now();
   double tokens = 0;
@@ -287,7 +306,7 @@ train_summary train(const P& gradients, M& model, const token_dataset& data, Opt
     optimizer.set_lr_factor(schedule(global));
     step_result r;
     if (!pieces) {
-      const auto b = make_batch(data, global * options.batch, options.batch);
+      const auto b = make_batch(data, global * options.batch, options.batch, order);
       auto loss = detail::make_objective(objective, b);
       r = optimizer.step(b.view(), loss, options.backward);
     } else if constexpr (StepNormalisedObjective<objective_type>) {
@@ -297,7 +316,7 @@ train_summary train(const P& gradients, M& model, const token_dataset& data, Opt
       for (index_t m = 0; m < options.grad_accum; ++m)
         batches.push_back(make_batch(
             data, global * rows_per_step + (row_rank * options.grad_accum + m) * options.batch,
-            options.batch));
+            options.batch, order));
       for (const auto& b : batches) {
         views.push_back(b.view());
         objectives.push_back(detail::make_objective(objective, b));
