@@ -65,6 +65,7 @@
 #include "tightfit/io/safetensors.hpp"
 #include "tightfit/io/token_file.hpp"
 #include "tightfit/nn/hf_model.hpp"
+#include "tightfit/nn/hf_save.hpp"
 #include "tightfit/nn/peft.hpp"
 #endif
 #if __has_include(<mpi.h>)

@@ -34,6 +34,7 @@
 #include "tightfit/loss/sft.hpp"
 #include "tightfit/nn/architectures.hpp"
 #include "tightfit/nn/hf_model.hpp"
+#include "tightfit/nn/hf_save.hpp"
 #include "tightfit/nn/lora.hpp"
 #include "tightfit/nn/peft.hpp"
 #include "tightfit/nn/presets.hpp"
@@ -123,10 +124,12 @@ void train_usage(std::FILE* out) {
       "  --save-total-limit K keep the K newest checkpoints (default all)\n"
       "  --deterministic      same bits on every run (the two-pass attention backward, 1.4x its\n"
       "                       matmul work): a resumed run then matches the uninterrupted one\n"
-      "  --save-model DIR     write the trained weights (model.safetensors + config.json); LoRA:\n"
-      "                       the adapter (adapter_model.safetensors + adapter_config.json)\n"
+      "  --save-model DIR     write the trained model: model.safetensors (shards + index.json\n"
+      "                       above 5 GB) in --model's dtypes, its config.json, its generation\n"
+      "                       and tokenizer files copied; LoRA: the adapter\n"
+      "                       (adapter_model.safetensors + adapter_config.json)\n"
       "  --merge-out DIR      LoRA: merge the adapters into the weights (W += s B A) and write\n"
-      "                       the merged model (model.safetensors + config.json)\n"
+      "                       the merged model as --save-model does\n"
       "  --quiet              no progress line\n");
 }
 
@@ -327,10 +330,9 @@ void check_paths(const args& a, int ranks = 1) {
       paths.output_dir("--save-model", a.save_model,
                        {"adapter_model.safetensors", "adapter_config.json"});
     else
-      paths.output_dir("--save-model", a.save_model, {"model.safetensors", "config.json"});
+      paths.output_dir("--save-model", a.save_model, hf_model_files(a.model));
   }
-  if (!a.merge_out.empty())
-    paths.output_dir("--merge-out", a.merge_out, {"model.safetensors", "config.json"});
+  if (!a.merge_out.empty()) paths.output_dir("--merge-out", a.merge_out, hf_model_files(a.model));
 }
 
 template <class Opt>
@@ -365,13 +367,19 @@ void print_summary(const args& a, const train_summary& s, double peak) {
       static_cast<double>(s.state_bytes) / 1048576.0);
 }
 
-/// --save-model of the full-weight optimizers: model.safetensors + config.json.
+/// How --save-model and --merge-out write a model folder (nn/hf_save.hpp): from --model, its
+/// dtypes, config.json and tokenizer files.
+hf_save_options model_save_options(const args& a) {
+  hf_save_options o;
+  o.source = a.model;
+  return o;
+}
+
+/// --save-model of the full-weight optimizers: the model folder (save_hf_model).
 template <class Model>
 void save_model(const args& a, Model& model) {
   if (a.save_model.empty()) return;
-  std::filesystem::create_directories(a.save_model);
-  save_hf_weights(a.save_model, model.parameters());
-  save_hf_config(model.config(), a.save_model);
+  save_hf_model(a.save_model, model.parameters(), model.config(), model_save_options(a));
 }
 
 /// The JSON log when --log is given (rank 0).
@@ -527,7 +535,7 @@ int run_training(Model& model, const training_data& data, Opt& opt, const args& 
                         {a.model.empty() ? "tightfit-preset:" + a.preset : a.model, true});
     if (!a.merge_out.empty()) {
       opt.adapters().merge();
-      save_merged_model(a.merge_out, opt.adapters());
+      save_merged_model(a.merge_out, opt.adapters(), model_save_options(a));
     }
   } else {
     save_model(a, model);

@@ -16,12 +16,14 @@
 //   paths.input_file(batch);                     // a file the command reads
 //   paths.output_file("--out", out);             // a file the command writes
 //   paths.output_dir("--save-model", dir, {"model.safetensors", "config.json"});
+//   paths.output_dir("--save-model", dir, {"model-*-of-*.safetensors"});  // '*': any characters
+// A name with '*' stands for every file of the folder it matches (the shards of a model whose
+// count is known only once it is written): an input or another output it matches is refused.
 #pragma once
 
 #include <unistd.h>
 
 #include <filesystem>
-#include <initializer_list>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -57,6 +59,9 @@ class output_paths {
   void input_file(const path& p) {
     inputs_.push_back({p, resolve(p)});
     for (const auto& o : outputs_) check_against_input(o, inputs_.back(), false);
+    for (const auto& pat : patterns_)
+      check_against_pattern(pat, inputs_.back().resolved,
+                            "would overwrite the input '" + p.string() + "'");
   }
   /// A folder the command reads (a model or adapter folder): nothing may be written in it, and
   /// its files are inputs (so that a message names the file an output would overwrite).
@@ -91,8 +96,9 @@ class output_paths {
     }
   }
 
-  /// The folder named by option `key` (created when missing) receiving `files`.
-  void output_dir(const std::string& key, const path& p, std::initializer_list<const char*> files) {
+  /// The folder named by option `key` (created when missing) receiving `files` (names, or
+  /// patterns with '*').
+  void output_dir(const std::string& key, const path& p, const std::vector<std::string>& files) {
     namespace fs = std::filesystem;
     std::error_code ec;
     const path dir = resolve(p);
@@ -113,7 +119,43 @@ class output_paths {
         refuse(key, p, "cannot be created ('" + up.string() + "' is not writable)");
     }
     created_.push_back(dir);
-    for (const char* name : files) add_output(key, p, p / name);
+    for (const std::string& name : files) {
+      if (name.find('*') == std::string::npos) {
+        add_output(key, p, p / name);
+        continue;
+      }
+      const pattern pat{key, p, dir, name};
+      for (const auto& in : inputs_)
+        check_against_pattern(pat, in.resolved,
+                              "would overwrite the input '" + in.given.string() + "'");
+      for (const auto& o : outputs_)
+        if (o.key != key)
+          check_against_pattern(pat, o.resolved,
+                                "may write a file also written by another option (" + o.key + " '" +
+                                    o.shown.string() + "')");
+      patterns_.push_back(pat);
+    }
+  }
+
+  /// Whether `name` matches `glob`, where '*' stands for any characters (none too).
+  static bool matches(const std::string& glob, const std::string& name) {
+    std::size_t g = 0, n = 0, star = std::string::npos, from = 0;
+    while (n < name.size()) {
+      if (g < glob.size() && glob[g] == '*') {
+        star = g++;
+        from = n;
+      } else if (g < glob.size() && glob[g] == name[n]) {
+        ++g;
+        ++n;
+      } else if (star != std::string::npos) {
+        g = star + 1;
+        n = ++from;
+      } else {
+        return false;
+      }
+    }
+    while (g < glob.size() && glob[g] == '*') ++g;
+    return g == glob.size();
   }
 
  private:
@@ -124,6 +166,18 @@ class output_paths {
     std::string key;
     path shown, resolved;
   };
+  /// Files matching `glob` in the folder `dir` (resolved), written by option `key`.
+  struct pattern {
+    std::string key;
+    path shown, dir;
+    std::string glob;
+  };
+
+  /// Refuses `file` (resolved) when it lies in the pattern's folder and matches it.
+  static void check_against_pattern(const pattern& pat, const path& file, const std::string& why) {
+    if (file.parent_path() == pat.dir && matches(pat.glob, file.filename().string()))
+      refuse(pat.key, pat.shown, "(its files " + pat.glob + ") " + why);
+  }
 
   [[noreturn]] static void refuse(const std::string& key, const path& p, const std::string& why) {
     throw usage_error{key + " '" + p.string() + "' " + why};
@@ -158,6 +212,12 @@ class output_paths {
     const output o{key, shown, resolve(file)};
     for (const auto& in : inputs_) check_against_input(o, in, false);
     for (const auto& in : input_dirs_) check_against_input(o, in, true);
+    for (const auto& pat : patterns_)
+      if (pat.key != key && o.resolved.parent_path() == pat.dir &&
+          matches(pat.glob, o.resolved.filename().string()))
+        refuse(key, shown,
+               "is also written by another option (" + pat.key + " '" + pat.shown.string() +
+                   "', its files " + pat.glob + ")");
     for (const auto& other : outputs_)
       if (other.resolved == o.resolved ||
           (fs::exists(o.resolved, ec) && fs::equivalent(o.resolved, other.resolved, ec)))
@@ -191,6 +251,7 @@ class output_paths {
 
   std::vector<entry> inputs_, input_dirs_;
   std::vector<output> outputs_;
+  std::vector<pattern> patterns_;
   std::vector<path> created_;
 };
 

@@ -392,10 +392,8 @@ inline model_config parse_hf_config(std::string_view text, const std::string& sr
   return c;
 }
 
-/// Writes `c` as a Hugging Face config.json to `path` (a file, or an existing directory that
-/// receives config.json). transformers reads it with AutoConfig.
-inline void save_hf_config(const model_config& c, const std::filesystem::path& path) {
-  namespace fs = std::filesystem;
+/// The Hugging Face config.json object of `c` (what save_hf_config writes).
+inline nlohmann::json hf_config_json(const model_config& c) {
   c.validate();
   const io::detail::hf_architecture* kind = nullptr;
   for (const auto& known : io::detail::hf_architectures)
@@ -496,6 +494,14 @@ inline void save_hf_config(const model_config& c, const std::filesystem::path& p
     }
     if (qwen3) j["attention_bias"] = c.o_bias;
   }
+  return j;
+}
+
+/// Writes `c` as a Hugging Face config.json to `path` (a file, or an existing directory that
+/// receives config.json). transformers reads it with AutoConfig.
+inline void save_hf_config(const model_config& c, const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  const nlohmann::json j = hf_config_json(c);
   const fs::path file = io::detail::is_dir(path) ? path / "config.json" : path;
   std::ofstream out(file, std::ios::trunc);
   check(static_cast<bool>(out), file.string(), ": cannot open for writing");

@@ -5,7 +5,8 @@
 //   DIR/adapter_config.json        LoraConfig's fields: peft_type "LORA", task_type "CAUSAL_LM",
 //                                  r, lora_alpha, lora_dropout, target_modules, bias "none",
 //                                  fan_in_fan_out false, use_rslora, init_lora_weights, ...
-// and a merged model (W0 + s B A, nn/lora.hpp's merge) written as model.safetensors + config.json.
+// and a merged model (W0 + s B A, nn/lora.hpp's merge) written as a model folder
+// (nn/hf_save.hpp: model.safetensors or shards, config.json, the base's tokenizer files).
 // Reading checks what tightfit can honour: peft_type LORA, lora_dropout 0, bias "none",
 // fan_in_fan_out false, no DoRA, no per-module rank or alpha patterns, no layers_to_transform;
 // errors name the field and the file.
@@ -25,6 +26,7 @@
 #include "tightfit/core/error.hpp"
 #include "tightfit/io/hf.hpp"
 #include "tightfit/nn/hf_model.hpp"
+#include "tightfit/nn/hf_save.hpp"
 #include "tightfit/nn/lora.hpp"
 
 namespace tightfit {
@@ -181,13 +183,15 @@ void load_peft_adapter(const std::filesystem::path& dir, lora_adapters<M>& adapt
   load_hf_weights(dir / "adapter_model.safetensors", adapters.parameters());
 }
 
-/// Writes the merged model (call adapters.merge() first): DIR/model.safetensors + config.json.
+/// Writes the merged model (call adapters.merge() first) as save_hf_model writes a model folder:
+/// DIR/model.safetensors (or shards) + config.json; with options.source (the base model's
+/// folder), in the base checkpoint's dtypes, its config.json kept and its generation and
+/// tokenizer files copied.
 template <class M>
-void save_merged_model(const std::filesystem::path& dir, lora_adapters<M>& adapters) {
+void save_merged_model(const std::filesystem::path& dir, lora_adapters<M>& adapters,
+                       const hf_save_options& options = {}) {
   check(!adapters.bound(), "save_merged_model: merge the adapters first (lora_adapters::merge)");
-  std::filesystem::create_directories(dir);
-  save_hf_weights(dir, adapters.model().parameters());
-  save_hf_config(adapters.model().config(), dir);
+  save_hf_model(dir, adapters.model().parameters(), adapters.model().config(), options);
 }
 
 }  // namespace tightfit
