@@ -235,7 +235,7 @@ def measure_all(args, seqs, rows):
             else:
                 cmd = [args.tightfit, "grad", "--model", directory, "--batch",
                        os.path.join(directory, "batch.safetensors"), "--objective", "sft",
-                       "--schedule", row, "--chunk", args.chunk, "--dtype", "f32"]
+                       "--sched", row, "--chunk", args.chunk, "--dtype", "f32"]
                 out, err, status, rss, cpu = measured(cmd)
             line = out.strip().splitlines()[-1] if out.strip() else "{}"
             report = json.loads(line) if status == 0 else {"error": err.strip().splitlines()[-1:] or status}

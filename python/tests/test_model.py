@@ -71,7 +71,7 @@ def assert_close(loss, grads, ref_loss, ref_grads, tol=TOL):
 def test_sft_gradients_equal_the_tool(model, model_dir, batch, tmp_path, schedule, chunk):
     keys = ["input_ids", "labels", "attention_mask"]
     ref = tool_grad(model_dir, tmp_path, {k: batch[k] for k in keys}, "--dtype", "f64",
-                    "--schedule", schedule, "--chunk", chunk)
+                    "--sched", schedule, "--chunk", chunk)
     loss, grads = model.gradients(batch["input_ids"], batch["labels"], schedule=schedule,
                                   chunk=chunk, attention_mask=batch["attention_mask"])
     assert all(g.dtype == np.float64 for g in grads.values())

@@ -61,7 +61,9 @@ TEST_CASE("usage errors exit 2, help exits 0") {
     CHECK(run(cmd + " --help").code == 0);
   }
   CHECK(run("grad").code == 2);
-  CHECK(run("grad --model x --batch y --schedule fast").code == 2);
+  CHECK(run("grad --model x --batch y --sched fast").code == 2);
+  // --schedule is train's learning-rate schedule: grad refuses it (no option means two things)
+  CHECK(run("grad --model x --batch y --schedule stream").code == 2);
   CHECK(run("grad --model x --batch y --objective ppo").code == 2);
   CHECK(run("grad --model x --batch y --bogus 1").code == 2);
   CHECK(run("plan --preset qwen3-bench --seq 100").code == 2);
@@ -108,7 +110,7 @@ TEST_CASE("grad: JSON line and gradients equal to the library's") {
   const auto batch = f.batch(ids, labels, b, t, "batch.safetensors");
   const auto grads = f.out / "grads.safetensors";
   const auto r = run("grad --model '" + f.dir.string() + "' --batch '" + batch.string() +
-                     "' --dtype f64 --schedule stream --chunk 3 --out '" + grads.string() + "'");
+                     "' --dtype f64 --sched stream --chunk 3 --out '" + grads.string() + "'");
   REQUIRE(r.code == 0);
   CHECK(lines(r.out) == 1);
   const auto j = nlohmann::json::parse(r.out);

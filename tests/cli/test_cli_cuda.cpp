@@ -244,7 +244,7 @@ TEST_SUITE("cli_cuda_gpu") {
     fixture f;
     for (const std::string sched : {"full", "stream"}) {
       CAPTURE(sched);
-      const std::string common = "--schedule " + sched + (sched == "stream" ? " --chunk 16" : "");
+      const std::string common = "--sched " + sched + (sched == "stream" ? " --chunk 16" : "");
       const auto cpu_file = f.outputs / ("cpu_" + sched + ".safetensors");
       const auto cpu = f.grad(common + " --dtype f64", cpu_file);
       const auto cpu_grads = safetensors_file::open(cpu_file);

@@ -109,7 +109,7 @@ grad_result grad_of(const fs::path& model, fs::path batch, const std::string& ob
     batch = ref;
   }
   const auto r = run("grad --model " + q(model) + " --batch " + q(batch) + " --objective " +
-                     objective + " --dtype f64 --schedule stream --chunk 5 --out " + q(out));
+                     objective + " --dtype f64 --sched stream --chunk 5 --out " + q(out));
   REQUIRE_MESSAGE(r.code == 0, r.err);
   grad_result g;
   g.loss = json::parse(r.out)["loss"].get<double>();

@@ -356,7 +356,7 @@ TEST_CASE("mpirun -np 2 and 3 grad --parallel data|sequence equal one process (f
         {2, "--parallel sequence"},
         {3, "--parallel sequence"},
         {2, "--parallel sequence --assignment contiguous"},
-        {3, "--parallel sequence --assignment contiguous --schedule checkpoint"},
+        {3, "--parallel sequence --assignment contiguous --sched checkpoint"},
         {2, "--parallel data"}};
     if (name != "dpo") runs.emplace_back(3, "--parallel data");  // dpo: 2 pairs
     expect_one_process_gradients(f.dir, base, runs);

@@ -503,7 +503,7 @@ def main():
             for schedule in ("full", "checkpoint", "stream"):
                 out = os.path.join(work, f"{arch}-{objective}-{case}-{schedule}-grads.safetensors")
                 cmd = [tool, "grad", "--model", model_dir, "--batch", batch_path, "--objective",
-                       objective, "--schedule", schedule, "--chunk", "4", "--dtype", "f64",
+                       objective, "--sched", schedule, "--chunk", "4", "--dtype", "f64",
                        "--out", out]
                 for key, value in opts.items():
                     cmd += ["--" + key.replace("_", "-")] + ([] if value is True else [str(value)])
@@ -532,7 +532,7 @@ def main():
 
 def run_tool(tool, model_dir, batch_path, out, schedule, chunk):
     cmd = [tool, "grad", "--model", model_dir, "--batch", batch_path, "--objective", "sft",
-           "--schedule", schedule, "--chunk", str(chunk), "--dtype", "f64", "--out", out]
+           "--sched", schedule, "--chunk", str(chunk), "--dtype", "f64", "--out", out]
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({run.returncode}): {run.stderr}")
@@ -712,7 +712,7 @@ def random_docs(g, lengths, vocab, eos=None):
 
 def run_grad(tool, model_dir, batch_path, objective, schedule, chunk, opts, out):
     cmd = [tool, "grad", "--model", model_dir, "--batch", batch_path, "--objective", objective,
-           "--schedule", schedule, "--chunk", str(chunk), "--dtype", "f64", "--out", out]
+           "--sched", schedule, "--chunk", str(chunk), "--dtype", "f64", "--out", out]
     for key, value in opts.items():
         cmd += ["--" + key.replace("_", "-")] + ([] if value is True else [str(value)])
     run = subprocess.run(cmd, capture_output=True, text=True)

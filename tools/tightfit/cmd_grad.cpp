@@ -22,6 +22,7 @@
 #include "batch_file.hpp"
 #include "checks.hpp"
 #include "commands.hpp"
+#include "layer_progress.hpp"
 #include "mpi_launch.hpp"
 #include "objective_args.hpp"
 #include "output_paths.hpp"
@@ -50,7 +51,7 @@ constexpr long long max_count = 1LL << 40;
 
 constexpr const char* grad_usage =
     "usage: tightfit grad --model DIR --batch FILE [--objective sft|grpo|dpo]\n"
-    "                     [--schedule full|checkpoint|stream] [--chunk N|auto] [--budget BYTES]\n"
+    "                     [--sched full|checkpoint|stream] [--chunk N|auto] [--budget BYTES]\n"
     "                     [--device cpu|cuda] [--dtype f32|f64|bf16] [--out FILE]\n"
     "                     [--head-chunk ROWS] [--temperature T]\n"
     "                     [--beta B] [--epsilon-low E] [--epsilon-high E] [--loss-type NAME]\n"
@@ -135,7 +136,7 @@ int run_grad_with(const arguments& a, const model_config& cfg, Comm& comm) {
     b = read_early->b, t = read_early->t;
   }
   backward_options opt;
-  opt.sched = parse_backward_schedule(a.get("--schedule", "stream"));
+  opt.sched = parse_backward_schedule(a.get("--sched", "stream"));
   opt.temperature = a.real("--temperature", 1.0, 1e-6, 1e6);
   opt.head_chunk_rows = a.integer("--head-chunk", 0, 0, max_count);
   if (a.get("--chunk", "512") == "auto") {
@@ -149,6 +150,8 @@ int run_grad_with(const arguments& a, const model_config& cfg, Comm& comm) {
   } else {
     opt.chunk = a.integer("--chunk", 512, 1, max_count);
   }
+  layer_progress progress("grad", cfg.num_hidden_layers, comm.rank() == 0);  // long runs
+  opt.between_layers = [&progress] { progress(); };
   // on the GPU the activations live in device memory (an allocation there that fails is an
   // error); the host holds the batch either way
   if (!cuda)
@@ -386,6 +389,10 @@ void check_grad_arguments(const arguments& a) {
   if (!a.has("--model") || !a.has("--batch")) throw usage_error{"--model and --batch are required"};
   // names are argument errors (exit 2), checked before any file is read
   const std::string objective = a.get("--objective", "sft");
+  if (a.has("--schedule"))  // one name, one meaning across the commands
+    throw usage_error{
+        "--schedule is train's learning-rate schedule; grad's backward schedule is "
+        "--sched full|checkpoint|stream"};
   const std::string device = a.get("--device", "cpu");
   if (device != "cpu" && device != "cuda")
     throw usage_error{"--device expects cpu or cuda, got '" + device + "'"};
@@ -401,14 +408,14 @@ void check_grad_arguments(const arguments& a) {
     throw usage_error{"--parallel " + a.get("--parallel") +
                       " runs on the CPU only; --device cuda runs one process on one GPU"};
   try {
-    const auto sched = parse_backward_schedule(a.get("--schedule", "stream"));
+    const auto sched = parse_backward_schedule(a.get("--sched", "stream"));
     if (a.has("--assignment")) parse_sequence_assignment(a.get("--assignment"));
     if (a.has("--parallel")) {
       const std::string parallel = a.get("--parallel");
       if (parallel != "data" && parallel != "sequence")
         throw usage_error{"--parallel expects data or sequence, got '" + parallel + "'"};
       if (parallel == "sequence" && sched == backward_schedule::full)
-        throw usage_error{"--parallel sequence needs --schedule stream or checkpoint"};
+        throw usage_error{"--parallel sequence needs --sched stream or checkpoint"};
 #if !defined(TIGHTFIT_HAS_MPI)
       throw usage_error{"--parallel " + parallel +
                         " needs MPI, and this tightfit was built without it (install OpenMPI, "
@@ -435,10 +442,10 @@ void check_grad_arguments(const arguments& a) {
 }  // namespace
 
 int grad(int argc, char** argv) {
-  std::set<std::string> valued{"--model",     "--batch",      "--objective",   "--schedule",
-                               "--chunk",     "--budget",     "--dtype",       "--device",
-                               "--out",       "--head-chunk", "--temperature", "--parallel",
-                               "--assignment"};
+  std::set<std::string> valued{"--model",    "--batch",     "--objective",  "--sched",
+                               "--schedule", "--chunk",     "--budget",     "--dtype",
+                               "--device",   "--out",       "--head-chunk", "--temperature",
+                               "--parallel", "--assignment"};
   valued.insert(objective_valued_options().begin(), objective_valued_options().end());
   return with_arguments(argc, argv, valued, objective_flags(), grad_usage, [&](const arguments& a) {
     try {

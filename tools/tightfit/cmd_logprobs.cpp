@@ -16,6 +16,7 @@
 #include "batch_file.hpp"
 #include "checks.hpp"
 #include "commands.hpp"
+#include "layer_progress.hpp"
 #include "output_paths.hpp"
 #include "tightfit/backend/eigen.hpp"
 #include "tightfit/io/safetensors.hpp"
@@ -77,6 +78,8 @@ int run_logprobs_with(const arguments& a, const std::string& objective, const mo
   fo.chunk = a.integer("--chunk", 512, 1, max_count);
   fo.head_chunk_rows = a.integer("--head-chunk", 0, 0, max_count);
   fo.temperature = a.real("--temperature", 1.0, 1e-6, 1e6);
+  layer_progress progress("logprobs", cfg.num_hidden_layers);  // long runs, on a terminal
+  fo.between_layers = [&progress] { progress(); };
   backward_options bo;  // the backward's bound is an upper bound of the forward's
   bo.sched = backward_schedule::stream;
   bo.chunk = fo.chunk;
