@@ -314,3 +314,58 @@ TEST_CASE("train: the objective's options and data are checked, naming the value
     CHECK(r.err.find(c.says) != std::string::npos);
   }
 }
+
+TEST_CASE("train --config: TRL's names give the run of the same options on the command line") {
+  objectives_fixture f;
+  const auto data = f.dpo(2, "dpo.safetensors");
+  const std::string base = "train --model " + q(f.model) + " --data " + q(data) +
+                           " --objective dpo --dtype f64 --chunk 4 --quiet --batch 1 ";
+  auto outcome = [&](const std::string& name, const std::string& options) {
+    const auto log = f.dir / (name + ".jsonl");
+    const auto out = f.dir / name;
+    const auto r = run(base + options + " --log " + q(log) + " --save-model " + q(out));
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+    std::vector<double> values;
+    for (const auto& j : log_lines(log)) {
+      values.push_back(j["loss"].get<double>());
+      values.push_back(j["lr"].get<double>());
+    }
+    return std::pair{values, f.weights(out)};
+  };
+  const auto expected = outcome(
+      "cli",
+      "--optimizer adamw --lr 0.02 --grad-accum 2 --steps 3 --schedule cosine:1 "
+      "--weight-decay 0.05 --adam-beta2 0.99 --beta 0.3 --loss-type ipo --seed 5 --shuffle");
+  const auto json = f.dir / "run.json", yaml = f.dir / "run.yaml";
+  {
+    std::ofstream(json) << R"({"learning_rate": 0.02, "gradient_accumulation_steps": 2,
+      "max_steps": 3, "num_train_epochs": 2, "lr_scheduler_type": "cosine", "warmup_steps": 1,
+      "optim": "adamw_torch", "weight_decay": 0.05, "adam_beta2": 0.99, "beta": 0.3,
+      "loss_type": "ipo", "seed": 5, "shuffle": true, "report_to": null})";
+  }
+  // JSON: max_steps 3 wins over the epochs (TRL's rule)
+  CHECK(outcome("json", "--config " + q(json)) == expected);
+  // YAML: the command line overrides the file (--lr=0.02, the --key=value form; --steps over
+  // the file's epochs); a key of the data step is named on stderr and skipped
+  std::ofstream(yaml) << "# a TRL DPOConfig, flat\n"
+                         "learning_rate: 0.5   # overridden on the command line\n"
+                         "gradient_accumulation_steps: 2\nnum_train_epochs: 4\n"
+                         "lr_scheduler_type: cosine\nwarmup_steps: 1\noptim: adamw_torch\n"
+                         "weight_decay: 0.05\nadam_beta2: 0.99\nbeta: 0.3\nloss_type: 'ipo'\n"
+                         "seed: 5\nshuffle: true\nmax_length: 512\n";
+  const auto from_yaml = outcome("yaml", "--config " + q(yaml) + " --lr=0.02 --steps 3");
+  CHECK(from_yaml == expected);
+  const auto noted = run(base + "--config " + q(yaml) + " --steps 0");
+  CHECK(noted.code == 0);
+  CHECK(noted.err.find("'max_length' is tightfit prepare's") != std::string::npos);
+  // a key train does not have is named with the file; a nested value is refused by line
+  { std::ofstream(yaml) << "learning_rate: 0.02\nbf16: true\n"; }
+  auto bad = run(base + "--optimizer adamw --config " + q(yaml));
+  CHECK(bad.code == 2);
+  CHECK(bad.err.find("unknown option '--bf16'") != std::string::npos);
+  CHECK(bad.err.find("key 'bf16'") != std::string::npos);
+  { std::ofstream(yaml) << "learning_rate: 0.02\nlr_scheduler_kwargs:\n  min_lr: 0.001\n"; }
+  bad = run(base + "--optimizer adamw --config " + q(yaml));
+  CHECK(bad.code == 2);
+  CHECK(bad.err.find("line 2") != std::string::npos);
+}

@@ -24,6 +24,7 @@
 #include "checkpoints.hpp"
 #include "checks.hpp"
 #include "commands.hpp"
+#include "config_file.hpp"
 #include "device_cuda.hpp"
 #include "mpi_launch.hpp"
 #include "objective_args.hpp"
@@ -130,7 +131,11 @@ void train_usage(std::FILE* out) {
       "                       (adapter_model.safetensors + adapter_config.json)\n"
       "  --merge-out DIR      LoRA: merge the adapters into the weights (W += s B A) and write\n"
       "                       the merged model as --save-model does\n"
-      "  --quiet              no progress line\n");
+      "  --quiet              no progress line\n"
+      "  --config FILE        options from a flat JSON or YAML file with TRL's names\n"
+      "                       (learning_rate, per_device_train_batch_size, beta, loss_type,\n"
+      "                       ...); the command line overrides it. Every option also takes\n"
+      "                       the form --key=value\n");
 }
 
 /// "tiny" (a 4-layer, hidden-64 model for quick runs) or a preset of nn/presets.hpp.
@@ -219,8 +224,8 @@ void validate(const args& a) {
   if (a.scale_rewards != "group" && a.scale_rewards != "none")
     throw usage_error{"--scale-rewards is '" + a.scale_rewards + "', expected group or none"};
   if (a.epochs && a.steps_given) throw usage_error{"give --steps or --epochs, not both"};
-  if ((a.save_steps > 0) != !a.output_dir.empty())
-    throw usage_error{"--save-steps N and --output-dir DIR go together"};
+  if (a.save_steps > 0 && a.output_dir.empty())
+    throw usage_error{"--save-steps N needs --output-dir DIR (where checkpoint-N/ go)"};
   if (a.save_total_limit > 0 && a.save_steps == 0)
     throw usage_error{"--save-total-limit applies to --save-steps"};
   if (a.epochs && !a.resume.empty())
@@ -592,14 +597,47 @@ int run(const args& a, Comm& comm);
 
 }  // namespace
 
+/// The options of `--config FILE` (config_file.hpp) followed by the command line's, which so
+/// override them; `origin` names the config key each option came from (empty: the command line).
+std::vector<std::string> expand_config(int argc, char** argv, std::vector<std::string>& origin) {
+  std::vector<std::string> config, given;
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    if (f != "--config") {
+      given.push_back(f);
+      continue;
+    }
+    if (i + 1 >= argc) throw usage_error{"--config needs a value"};
+    const std::string path = argv[++i];
+    for (const auto& o : train_config_options(path)) {
+      config.push_back(o.name);
+      origin.push_back("--config " + path + " key '" + o.key + "'");
+      if (!o.flag) {
+        config.push_back(o.value);
+        origin.push_back(origin.back());
+      }
+    }
+  }
+  origin.resize(origin.size() + given.size());
+  config.insert(config.end(), given.begin(), given.end());
+  return config;
+}
+
 int train(int argc, char** argv) {
   args a;
   try {  // a missing or malformed option value is a usage error (exit 2)
-    for (int i = 1; i < argc; ++i) {
-      const std::string f = argv[i];
+    std::vector<std::string> origin;
+    const std::vector<std::string> items = expand_config(argc, argv, origin);
+    const auto count = static_cast<int>(items.size());
+    bool epochs_from_config = false, steps_from_config = false;
+    for (int i = 0; i < count; ++i) {
+      const std::string f = items[static_cast<std::size_t>(i)];
+      const std::string from = origin[static_cast<std::size_t>(i)].empty()
+                                   ? ""
+                                   : " (" + origin[static_cast<std::size_t>(i)] + ")";
       auto value = [&]() -> std::string {
-        if (i + 1 >= argc) throw usage_error{f + " needs a value"};
-        return argv[++i];
+        if (i + 1 >= count) throw usage_error{f + " needs a value"};
+        return items[static_cast<std::size_t>(++i)];
       };
       if (f == "--help" || f == "-h") {
         train_usage(stdout);
@@ -660,11 +698,15 @@ int train(int argc, char** argv) {
         a.rslora = true;
       } else if (f == "--grad-accum") {
         a.grad_accum = parse_integer(f, value(), 1, big);
-      } else if (f == "--steps") {
+      } else if (f == "--steps") {  // on the command line, it overrides a config's epochs
         a.steps = parse_integer(f, value(), 0, big);
         a.steps_given = true;
+        steps_from_config = !from.empty();
+        if (from.empty() && epochs_from_config) a.epochs.reset();
       } else if (f == "--epochs") {
         a.epochs = parse_real(f, value(), 1e-9, 1e9);
+        epochs_from_config = !from.empty();
+        if (from.empty() && steps_from_config) a.steps_given = false;
       } else if (f == "--shuffle") {
         a.shuffle = true;
       } else if (f == "--objective") {
@@ -717,7 +759,7 @@ int train(int argc, char** argv) {
       } else if (f == "--deterministic") {
         a.deterministic = true;
       } else {
-        throw usage_error{"unknown option '" + f + "'"};
+        throw usage_error{"unknown option '" + f + "'" + from};
       }
     }
     if (!a.resume.empty()) {  // a folder: its (newest) checkpoint's state file

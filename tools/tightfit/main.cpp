@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "commands.hpp"
 #include "cpu_features.hpp"
@@ -45,6 +47,23 @@ int main(int argc, char** argv) {
     usage(stdout);
     return 0;
   }
+  // --key=value is --key value, for every command
+  std::vector<std::string> split;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    const auto eq = a.find('=');
+    if (i >= 2 && a.rfind("--", 0) == 0 && eq != std::string::npos && eq > 2) {
+      split.push_back(a.substr(0, eq));
+      split.push_back(a.substr(eq + 1));
+    } else {
+      split.push_back(a);
+    }
+  }
+  std::vector<char*> args;
+  for (auto& s : split) args.push_back(s.data());
+  args.push_back(nullptr);
+  argc = static_cast<int>(split.size());
+  argv = args.data();
   for (const auto& c : commands) {
     if (std::strcmp(argv[1], c.name) == 0) {
       tightfit::cli::warn_if_built_without_cpu_extensions();
