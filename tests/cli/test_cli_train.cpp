@@ -194,6 +194,54 @@ TEST_CASE("train: --save-steps checkpoints; the newest resumes bit-identical to 
   CHECK(run(common + " --steps 1 --save-steps 2").code == 2);
 }
 
+TEST_CASE("eval: loss and perplexity; train --eval-data logs them, the last one eval's") {
+  train_fixture f;
+  const auto data = f.counting();
+  auto r = run("eval --model " + q(f.model) + " --data " + q(data) + " --dtype f64 --batch 3");
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  const auto e = nlohmann::json::parse(r.out);
+  // the loss of one SFT step on all rows with a learning rate of 0: the mean NLL of the tokens
+  const auto log = f.dir / "eval-lr0.jsonl";
+  REQUIRE(run("train --model " + q(f.model) + " --data " + q(data) +
+              " --optimizer sgd --lr 0 --steps 1 --batch 4 --dtype f64 --quiet --log " + q(log))
+              .code == 0);
+  CHECK(std::abs(e["loss"].get<double>() - logged_losses(log, 1).at(0)) < 1e-12);
+  CHECK(std::abs(e["perplexity"].get<double>() - std::exp(e["loss"].get<double>())) < 1e-9);
+  CHECK(e["tokens"].get<double>() == 4 * 15);  // 4 rows of 16, the first label ignored
+  // train evaluates every 2 steps and after the last (5); the last equals eval of the saved model
+  const auto trained = f.dir / "eval-trained", tlog = f.dir / "eval-train.jsonl";
+  r = run("train --model " + q(f.model) + " --data " + q(data) + " --eval-data " + q(data) +
+          " --eval-steps 2 --optimizer adamw --lr 0.02 --steps 5 --batch 2 --dtype f64 --quiet "
+          "--log " +
+          q(tlog) + " --save-model " + q(trained));
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  std::vector<std::int64_t> eval_steps;
+  std::vector<double> eval_losses;
+  {
+    std::ifstream in(tlog);
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto j = nlohmann::json::parse(line);
+      if (!j.contains("eval_loss")) continue;
+      eval_steps.push_back(j["step"].get<std::int64_t>());
+      eval_losses.push_back(j["eval_loss"].get<double>());
+      CHECK(std::abs(j["eval_perplexity"].get<double>() - std::exp(eval_losses.back())) < 1e-9);
+    }
+  }
+  CHECK(eval_steps == std::vector<std::int64_t>{2, 4, 5});
+  REQUIRE(eval_losses.size() == 3);
+  CHECK(eval_losses.back() < e["loss"].get<double>());  // training lowered it
+  r = run("eval --model " + q(trained) + " --data " + q(data) + " --dtype f64 --batch 2");
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(std::abs(nlohmann::json::parse(r.out)["loss"].get<double>() - eval_losses.back()) < 1e-12);
+  // arguments
+  CHECK(run("eval --model " + q(f.model)).code == 2);
+  CHECK(run("eval --model " + q(f.model) + " --data " + q(data) + " --dtype bf16").code == 2);
+  CHECK(run("train --model " + q(f.model) + " --data " + q(data) +
+            " --optimizer sgd --eval-steps 2 --quiet")
+            .code == 2);
+}
+
 TEST_CASE("train: --deterministic and --total-steps resume long rows on a cosine schedule") {
   // 160-token rows span two attention key tiles, where only the two-pass backward fixes the
   // summation order; --total-steps gives the split run the whole run's cosine horizon.

@@ -445,3 +445,13 @@ TEST_CASE("save_hf_model: the source is never written; a model not from it is re
   CHECK(contains(error_of([&] { save_hf_model(dir / "c", trained, c, bad); }),
                  "is not a checkpoint folder"));
 }
+
+TEST_CASE("is_hf_shard_name: model-NNNNN-of-NNNNN.safetensors, five or more digits each") {
+  for (const char* ok : {"model-00001-of-00002.safetensors", "model-123456-of-123456.safetensors"})
+    CHECK(io::detail::is_hf_shard_name(ok));
+  for (const char* bad : {"model-0001-of-00002.safetensors", "model-00001-of-00002.safetensor",
+                          "model-00001-of-00002.safetensors.tmp",
+                          "xmodel-00001-of-00002.safetensors", "model-00001-00002.safetensors",
+                          "model.safetensors", "model-abcde-of-00002.safetensors", ""})
+    CHECK_FALSE(io::detail::is_hf_shard_name(bad));
+}

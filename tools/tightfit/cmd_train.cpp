@@ -26,6 +26,7 @@
 #include "commands.hpp"
 #include "config_file.hpp"
 #include "device_cuda.hpp"
+#include "evaluation.hpp"
 #include "mpi_launch.hpp"
 #include "objective_args.hpp"
 #include "output_paths.hpp"
@@ -114,6 +115,8 @@ void train_usage(std::FILE* out) {
       "  --adapter DIR        LoRA: start from this PEFT adapter (its adapter_config.json gives\n"
       "                       rank, alpha and targets)\n"
       "  --seed S             model initialisation (presets) and block order seed (default 1)\n"
+      "  --eval-data FILE     sft: a token data set evaluated (loss, perplexity; forward\n"
+      "                       only) every --eval-steps N steps and after the last one\n"
       "  --log FILE           JSON lines, one per step: loss, lr, grad_norm (when clipping),\n"
       "                       tokens, tokens/s, seconds, peak bytes\n"
       "  --save-state FILE    checkpoint (weights + optimizer state) at the end; with\n"
@@ -154,7 +157,8 @@ model_config train_preset(const std::string& name) {
 }
 
 struct args {
-  std::string output_dir, resume_dir;  // resume_dir: the checkpoint folder --resume named
+  std::string output_dir, resume_dir, eval_data;
+  std::int64_t eval_steps = 0;  // resume_dir: the checkpoint folder --resume named
   std::int64_t save_steps = 0, save_total_limit = 0;
   std::string model, preset, data, optimizer,
       objective = "sft", scale_rewards = "group", schedule = "constant", order = "random",
@@ -226,6 +230,12 @@ void validate(const args& a) {
   if (a.epochs && a.steps_given) throw usage_error{"give --steps or --epochs, not both"};
   if (a.save_steps > 0 && a.output_dir.empty())
     throw usage_error{"--save-steps N needs --output-dir DIR (where checkpoint-N/ go)"};
+  if (!a.eval_data.empty() && a.objective != "sft")
+    throw usage_error{"--eval-data evaluates --objective sft; not " + a.objective + " yet"};
+  if (a.eval_steps > 0 && a.eval_data.empty())
+    throw usage_error{"--eval-steps needs --eval-data FILE"};
+  if (!a.eval_data.empty() && a.device == "cuda")
+    throw usage_error{"--eval-data with --device cuda is not done yet"};
   if (a.save_total_limit > 0 && a.save_steps == 0)
     throw usage_error{"--save-total-limit applies to --save-steps"};
   if (a.epochs && !a.resume.empty())
@@ -319,6 +329,7 @@ void check_paths(const args& a, int ranks = 1) {
   output_paths paths;
   if (!a.model.empty()) paths.input(a.model);
   paths.input_file(a.data);
+  if (!a.eval_data.empty()) paths.input_file(a.eval_data);
   if (!a.resume.empty())
     for (int r = 0; r < ranks; ++r) paths.input_file(shard_path(a.resume, r));
   if (!a.adapter.empty()) paths.input_dir(a.adapter);
@@ -490,17 +501,43 @@ int run_training(Model& model, const training_data& data, Opt& opt, const args& 
   };
   checkpoint_saver saver(a.output_dir, a.save_steps, a.save_total_limit, a.resume_dir, root,
                          [&comm] { comm.barrier(); });
-  auto periodic = [&](std::int64_t step, const step_result&) {
-    if (saver.due(step + 1))
-      saver.save(step + 1, [&](const std::filesystem::path& dir) {
-        write_state((dir / checkpoint_state_name).string());
-      });
-  };
   // opt.steps(): done before (resume); the run's last step must stay a count (no wrap-around)
   check(opt.steps() >= 0 && opt.steps() <= big - o.steps, a.resume.empty() ? "" : a.resume + ": ",
         "the state has done ", opt.steps(), " steps; with --steps ", o.steps,
         " the run would end past step 2^62 (", big, ")");
   const std::int64_t horizon = opt.steps() + o.steps;
+  // --eval-data: rank 0 evaluates every --eval-steps steps and after the last (the weights are
+  // the same on every rank)
+  std::optional<token_dataset> eval_rows;
+  if (!a.eval_data.empty() && root) {
+    check_token_table_fits(a.eval_data);
+    auto table = read_token_table(a.eval_data);
+    eval_rows.emplace(table.rows, table.seq_len, std::move(table.input_ids),
+                      std::move(table.labels), std::move(table.position_ids));
+    eval_rows->validate(model.config().vocab_size);
+  }
+  auto evaluate_at = [&](std::int64_t step) {
+    if (!eval_rows) return;
+    forward_options fo;
+    fo.chunk = a.chunk;
+    const eval_result e = evaluate(model, *eval_rows, a.batch, fo);
+    if (log)
+      log->record(step, {{"eval_loss", e.loss},
+                         {"eval_perplexity", e.perplexity},
+                         {"eval_tokens", e.tokens},
+                         {"eval_seconds", e.seconds}});
+    if (!a.quiet)
+      std::fprintf(stderr, "\neval at step %lld: loss %.4f  perplexity %.3f\n",
+                   static_cast<long long>(step), e.loss, e.perplexity);
+  };
+  auto periodic = [&](std::int64_t step, const step_result&) {
+    if (a.eval_steps > 0 && (step + 1) % a.eval_steps == 0 && step + 1 != horizon)
+      evaluate_at(step + 1);
+    if (saver.due(step + 1))
+      saver.save(step + 1, [&](const std::filesystem::path& dir) {
+        write_state((dir / checkpoint_state_name).string());
+      });
+  };
   check(a.total_steps == 0 || a.total_steps >= horizon, "--total-steps is ", a.total_steps,
         ", but this run ends at step ", horizon);
   const auto sched =
@@ -529,6 +566,7 @@ int run_training(Model& model, const training_data& data, Opt& opt, const args& 
   } else {
     s = run(data_parallel_training<Comm>{&comm});
   }
+  if (o.steps > 0) evaluate_at(horizon);
   if (!a.save_state.empty()) write_state(a.save_state);
   // the largest rank's peak (every rank takes part in the gather)
   const double peak = max_over_ranks(comm, static_cast<double>(s.peak_bytes));
@@ -664,6 +702,10 @@ int train(int argc, char** argv) {
         a.save_state = value();
       } else if (f == "--resume") {
         a.resume = value();
+      } else if (f == "--eval-data") {
+        a.eval_data = value();
+      } else if (f == "--eval-steps") {
+        a.eval_steps = parse_integer(f, value(), 1, big);
       } else if (f == "--output-dir") {
         a.output_dir = value();
       } else if (f == "--save-steps") {

@@ -11,5 +11,6 @@ int plan(int argc, char** argv);      // tightfit plan ...    (cmd_plan.cpp)
 int measure(int argc, char** argv);   // tightfit measure ... (cmd_measure.cpp)
 int train(int argc, char** argv);     // tightfit train ...   (cmd_train.cpp)
 int prepare(int argc, char** argv);   // tightfit prepare ... (cmd_prepare.cpp)
+int eval(int argc, char** argv);      // tightfit eval ...    (cmd_eval.cpp)
 
 }  // namespace tightfit::cli

@@ -22,6 +22,7 @@ void usage(std::FILE* out) {
                "  measure   dimensions of an object in a 3D point cloud (MEBB)\n"
                "  train     training: Adam(W), SGD, BAdam, BREAD, LoRA; data / sequence parallel\n"
                "  prepare   JSONL text, prompts, chats or preferences to token batch files\n"
+               "  eval      loss and perplexity of a model on a token data set (forward only)\n"
                "run 'tightfit <command> --help' for the options of a command\n");
 }
 
@@ -34,7 +35,7 @@ constexpr command commands[] = {
     {"grad", tightfit::cli::grad},       {"logprobs", tightfit::cli::logprobs},
     {"bench", tightfit::cli::bench},     {"plan", tightfit::cli::plan},
     {"measure", tightfit::cli::measure}, {"train", tightfit::cli::train},
-    {"prepare", tightfit::cli::prepare}};
+    {"prepare", tightfit::cli::prepare}, {"eval", tightfit::cli::eval}};
 
 }  // namespace
 

@@ -21,7 +21,6 @@
 #include <fstream>
 #include <map>
 #include <optional>
-#include <regex>
 #include <set>
 #include <span>
 #include <string>
@@ -108,8 +107,20 @@ inline std::string hf_shard_name(std::size_t i, std::size_t n) {
 
 /// Whether `name` is a shard name of the form model-NNNNN-of-NNNNN.safetensors.
 inline bool is_hf_shard_name(const std::string& name) {
-  static const std::regex shard{R"(model-[0-9]{5,}-of-[0-9]{5,}\.safetensors)"};
-  return std::regex_match(name, shard);
+  std::size_t at = 0;
+  auto literal = [&](const char* text) {
+    const std::string s = text;
+    if (name.compare(at, s.size(), s) != 0) return false;
+    at += s.size();
+    return true;
+  };
+  auto digits = [&] {  // five or more
+    const std::size_t from = at;
+    while (at < name.size() && name[at] >= '0' && name[at] <= '9') ++at;
+    return at - from >= 5;
+  };
+  return literal("model-") && digits() && literal("-of-") && digits() && literal(".safetensors") &&
+         at == name.size();
 }
 
 /// The shards of tensors of `bytes` (in order), as huggingface_hub's split_state_dict_into_shards

@@ -5,8 +5,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <iomanip>
 #include <string>
+#include <utility>
 
 #include "tightfit/core/error.hpp"
 #include "tightfit/optim/train.hpp"
@@ -65,6 +67,15 @@ class json_log {
     out_.flush();  // a line per step; a full disk stops the run here, naming the log
     check(static_cast<bool>(out_), path_.string(), ": cannot write the log (step ", s.step + 1,
           ")");
+  }
+  /// A line of other values at `step` (1-based), e.g. an evaluation: {"step":S,"name":v,...},
+  /// every value with 17 significant digits.
+  void record(std::int64_t step, std::initializer_list<std::pair<const char*, double>> values) {
+    out_ << "{\"step\":" << step << std::setprecision(17);
+    for (const auto& [name, v] : values) out_ << ",\"" << name << "\":" << v;
+    out_ << "}\n" << std::setprecision(6);
+    out_.flush();
+    check(static_cast<bool>(out_), path_.string(), ": cannot write the log (step ", step, ")");
   }
   void on_end(const train_summary&) {
     out_.flush();
