@@ -492,3 +492,36 @@ TEST_CASE("mpirun train --parallel data|sequence on packed rows equals one proce
   expect_one_process_training(f, "packed-seq3", base, "--batch 2", 3,
                               "--parallel sequence --batch 2 --assignment contiguous", 3);
 }
+
+TEST_CASE("mpirun train --objective dpo|grpo --parallel data|sequence equals one process (f64)") {
+  grad_fixture f;
+  // grad's GRPO batch without old_logprobs (train takes the policy's own at each step)
+  const auto grpo = f.dir / "grpo_train.safetensors";
+  {
+    const auto in = safetensors_file::open(f.grpo);
+    safetensors_writer w;
+    for (const char* key : {"input_ids", "labels", "attention_mask"}) {
+      const auto v = in.read_ints(key);
+      w.add(key, in.info(key).shape, std::span<const std::int64_t>(v));
+    }
+    for (const char* key : {"advantages", "ref_logprobs"}) {
+      const auto v = in.read<double>(key);
+      w.add(key, in.info(key).shape, std::span<const double>(v));
+    }
+    w.write(grpo);
+  }
+  const std::string dpo_base = "train --model " + q(f.model) + " --data " + q(f.dpo) +
+                               " --objective dpo --beta 0.2 --optimizer adamw --lr 0.02 "
+                               "--dtype f64 --chunk 4 --quiet --steps 3";
+  expect_one_process_training(f, "dpo-data", dpo_base, "--batch 2", 2, "--parallel data --batch 1",
+                              3);
+  expect_one_process_training(f, "dpo-seq", dpo_base, "--batch 2", 2,
+                              "--parallel sequence --batch 2", 3);
+  const std::string grpo_base = "train --model " + q(f.model) + " --data " + q(grpo) +
+                                " --objective grpo --beta 0.04 --loss-type bnpo --optimizer "
+                                "adamw --lr 0.02 --dtype f64 --chunk 4 --quiet --steps 3";
+  expect_one_process_training(f, "grpo-data", grpo_base, "--batch 2", 2,
+                              "--parallel data --batch 1", 3);
+  expect_one_process_training(f, "grpo-seq", grpo_base, "--batch 2 --grad-accum 2", 3,
+                              "--parallel sequence --batch 2 --grad-accum 2", 3);
+}
