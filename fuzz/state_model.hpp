@@ -5,7 +5,7 @@
 #pragma once
 
 #include "tightfit/backend/reference.hpp"
-#include "tightfit/nn/model.hpp"
+#include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/optim/block_optimizer.hpp"
 #include "tightfit/optim/order.hpp"
 #include "tightfit/optim/partition.hpp"
