@@ -98,6 +98,10 @@ struct objectives_fixture : cli_testing::model_fixture {
     }
     CHECK(largest > 1e-6);  // the gradients are not all zero
   }
+  /// `tightfit train ARGS` for one SGD step (lr 0.01, f64) saved as `name`, checked against
+  /// `grad`'s gradients `grads` and loss `grad_loss`; returns the step's logged loss.
+  double check_first_step(const std::string& args, const std::string& name, const fs::path& grads,
+                          double grad_loss) const;
 };
 
 std::vector<nlohmann::json> log_lines(const fs::path& log) {
@@ -106,6 +110,21 @@ std::vector<nlohmann::json> log_lines(const fs::path& log) {
   std::string line;
   while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
   return out;
+}
+
+double objectives_fixture::check_first_step(const std::string& args, const std::string& name,
+                                            const fs::path& grads, double grad_loss) const {
+  const auto out = dir / name, log = dir / (name + ".jsonl");
+  const auto r = run("train --model " + q(model) + " " + args +
+                     " --optimizer sgd --lr 0.01 --steps 1 --dtype f64 --chunk 4 --quiet --log " +
+                     q(log) + " --save-model " + q(out));
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  const auto lines = log_lines(log);
+  REQUIRE(lines.size() == 1);
+  const double loss = lines[0]["loss"].get<double>();
+  CHECK(std::abs(loss - grad_loss) < 1e-12);
+  check_step_is_gradient(out, grads, 0.01);
+  return loss;
 }
 
 /// Per-row sums of the label-aligned log-probs `tightfit logprobs --as ref` wrote.
@@ -135,18 +154,10 @@ TEST_CASE("train --objective dpo: step one is grad's, the references are logprob
   // computes itself (the model as loaded): the same step
   for (const auto& [file, name] : {std::pair{with_ref, "given"}, std::pair{data, "computed"}}) {
     CAPTURE(name);
-    const auto out = f.dir / (std::string("dpo-step-") + name);
-    const auto log = f.dir / (std::string("dpo-step-") + name + ".jsonl");
-    r = run("train --model " + q(f.model) + " --data " + q(file) +
-            " --objective dpo --beta 0.2 --optimizer sgd --lr 0.01 --steps 1 --batch 3 "
-            "--dtype f64 --chunk 4 --quiet --log " +
-            q(log) + " --save-model " + q(out));
-    REQUIRE_MESSAGE(r.code == 0, r.err);
-    const auto lines = log_lines(log);
-    REQUIRE(lines.size() == 1);
-    CHECK(std::abs(lines[0]["loss"].get<double>() - grad_loss) < 1e-12);
-    CHECK(std::abs(lines[0]["loss"].get<double>() - std::log(2.0)) < 1e-12);  // policy = ref
-    f.check_step_is_gradient(out, grads, 0.01);
+    const double loss =
+        f.check_first_step("--data " + q(file) + " --objective dpo --beta 0.2 --batch 3",
+                           std::string("dpo-step-") + name, grads, grad_loss);
+    CHECK(std::abs(loss - std::log(2.0)) < 1e-12);  // policy = ref
   }
 
   // training: one pair per step, two epochs, shuffled; the loss falls
@@ -180,17 +191,8 @@ TEST_CASE("train --objective grpo: group advantages, step one is grad's, A > 0 c
                " --objective grpo --dtype f64 --chunk 4 --out " + q(grads));
   REQUIRE_MESSAGE(r.code == 0, r.err);
   const double grad_loss = nlohmann::json::parse(r.out)["loss"].get<double>();
-  const auto out = f.dir / "grpo-step";
-  const auto log = f.dir / "grpo-step.jsonl";
-  r = run("train --model " + q(f.model) + " --data " + q(data) +
-          " --objective grpo --num-generations 2 --optimizer sgd --lr 0.01 --steps 1 --batch 4 "
-          "--dtype f64 --chunk 4 --quiet --log " +
-          q(log) + " --save-model " + q(out));
-  REQUIRE_MESSAGE(r.code == 0, r.err);
-  const auto lines = log_lines(log);
-  REQUIRE(lines.size() == 1);
-  CHECK(std::abs(lines[0]["loss"].get<double>() - grad_loss) < 1e-12);
-  f.check_step_is_gradient(out, grads, 0.01);
+  f.check_first_step("--data " + q(data) + " --objective grpo --num-generations 2 --batch 4",
+                     "grpo-step", grads, grad_loss);
 
   // a few steps with a KL term (its references computed by the tool): the completions with a
   // positive advantage gain log-probability, the others lose it

@@ -130,18 +130,22 @@ inline std::vector<std::string> batch_keys(const std::string& objective) {
   return known;
 }
 
-/// Every tensor of the batch file must be one the objective reads: an unknown key (a typo, or
-/// a feature tightfit would silently ignore) is an error naming it.
-inline void check_batch_keys(const safetensors_file& f, const std::string& objective,
-                             const std::string& command = "--objective ") {
-  const auto known = batch_keys(objective);
+/// Every tensor of the file must be one of `known`: an unknown key (a typo, or a feature
+/// tightfit would silently ignore) is an error naming it and `reader` (who reads the file).
+inline void check_known_tensors(const safetensors_file& f, const std::vector<std::string>& known,
+                                const std::string& reader) {
   for (const auto& t : f.tensors()) {
     if (std::find(known.begin(), known.end(), t.name) != known.end()) continue;
     std::string list;
     for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
-    fail(f.source(), ": tensor '", t.name, "' is not used by ", command, objective,
-         " (expected: ", list, ")");
+    fail(f.source(), ": tensor '", t.name, "' is not used by ", reader, " (expected: ", list, ")");
   }
+}
+
+/// Every tensor of the batch file must be one the objective reads (check_known_tensors).
+inline void check_batch_keys(const safetensors_file& f, const std::string& objective,
+                             const std::string& command = "--objective ") {
+  check_known_tensors(f, batch_keys(objective), command + objective);
 }
 
 /// Packed positions (B, T) from tensor `name`, or empty when the batch has none.

@@ -108,14 +108,7 @@ inline training_data read_training_data(const std::string& path, const std::stri
     return d;
   }
   const auto f = safetensors_file::open(path);
-  const auto keys = training_keys(objective);
-  for (const auto& t : f.tensors()) {
-    if (std::find(keys.begin(), keys.end(), t.name) != keys.end()) continue;
-    std::string list;
-    for (const auto& k : keys) list += (list.empty() ? "" : ", ") + k;
-    fail(f.source(), ": tensor '", t.name, "' is not used by train --objective ", objective,
-         " (expected: ", list, ")");
-  }
+  check_known_tensors(f, training_keys(objective), "train --objective " + objective);
   const auto [b, t] = batch_extents(f, objective);
   if (b > 0 && t > 0) {
     const auto bytes = checked_product(
