@@ -755,22 +755,27 @@ const char* usage =
     "  product of those that matter to it (convergence uses the first value of each).\n";
 
 int run_main(int argc, char** argv) {
-  const cli::arguments args(argc, argv, {"--part",         "--preset",         "--seq",
-                                         "--steps",        "--prefix",         "--out",
-                                         "--tag",          "--task",           "--noise",
-                                         "--seeds",        "--pretrain-steps", "--pretrain-lr",
-                                         "--methods",      "--adam-lr",        "--block-lr",
-                                         "--switch-every", "--order",          "--blocks",
-                                         "--block-warmup", "--warmup-frac",    "--min-factor",
-                                         "--beta2",        "--sgd-lr",         "--lora-rank",
-                                         "--lora-lr",      "--threads"},
-                            {"--quick"});
+  static const cli::command_spec spec = [] {
+    cli::command_spec c;
+    c.program = "bench_optim";
+    for (const char* name : {"--part",         "--preset",         "--seq",
+                             "--steps",        "--prefix",         "--out",
+                             "--tag",          "--task",           "--noise",
+                             "--seeds",        "--pretrain-steps", "--pretrain-lr",
+                             "--methods",      "--adam-lr",        "--block-lr",
+                             "--switch-every", "--order",          "--blocks",
+                             "--block-warmup", "--warmup-frac",    "--min-factor",
+                             "--beta2",        "--sgd-lr",         "--lora-rank",
+                             "--lora-lr",      "--threads"})
+      c.options.push_back({name, "X"});
+    c.options.push_back({"--quick"});
+    return c;
+  }();
+  const cli::arguments args(spec, argc, argv);
   if (args.help()) {
     std::fputs(usage, stdout);
     return 0;
   }
-  if (!args.positional().empty())
-    throw cli::usage_error{"unexpected argument '" + args.positional().front() + "'"};
   const bool quick = args.has("--quick");
 #if defined(TIGHTFIT_HAS_TBB) && TIGHTFIT_HAS_TBB
   // --threads N: at most N worker threads (0: oneTBB's default); the results do not change.

@@ -62,6 +62,15 @@ std::map<std::string, std::string> tool_doc_sections() {
   return sections;
 }
 
+/// `text` without its lines that are HTML comments (the generated tables' markers).
+std::string without_comments(const std::string& text) {
+  std::istringstream in(text);
+  std::string line, out;
+  while (std::getline(in, line))
+    if (line.rfind("<!--", 0) != 0) out += line + "\n";
+  return out;
+}
+
 std::string joined(const std::set<std::string>& s) {
   std::string out;
   for (const auto& x : s) out += (out.empty() ? "" : " ") + x;
@@ -94,7 +103,7 @@ TEST_CASE("tool docs: each command's options are in its docs/tool.md section, an
     CHECK_MESSAGE(help.code == 0, "tightfit " << c << " --help exits " << help.code);
     if (help.code != 0) continue;
     const auto in_help = options_in(help.out + help.err);
-    const auto in_doc = options_in(sections.at(c));
+    const auto in_doc = options_in(without_comments(sections.at(c)));
     CHECK_MESSAGE(!in_help.empty(), "tightfit " << c << " --help names no option");
     std::set<std::string> undocumented, unknown;
     std::set_difference(in_help.begin(), in_help.end(), in_doc.begin(), in_doc.end(),
@@ -106,6 +115,31 @@ TEST_CASE("tool docs: each command's options are in its docs/tool.md section, an
     CHECK_MESSAGE(unknown.empty(), "docs/tool.md's section on tightfit "
                                        << c
                                        << " names options its --help lacks: " << joined(unknown));
+  }
+}
+
+TEST_CASE("tool docs: each command's options table is generated from its declarations") {
+  const auto commands = commands_in_usage(run("--help").out);
+  const auto sections = tool_doc_sections();
+  for (const auto& c : commands) {
+    CAPTURE(c);
+    if (c == "help" || sections.count(c) == 0) continue;
+    const std::string& text = sections.at(c);
+    const std::string begin = "<!-- generated: tightfit help " + c + " --markdown -->\n";
+    const std::string end = "<!-- end generated -->";
+    const auto from = text.find(begin);
+    REQUIRE_MESSAGE(from != std::string::npos,
+                    "docs/tool.md's section on tightfit " << c << " has no generated table");
+    const auto to = text.find(end, from);
+    REQUIRE(to != std::string::npos);
+    const std::string table = text.substr(from + begin.size(), to - from - begin.size());
+    const outcome generated = run("help " + c + " --markdown");
+    REQUIRE(generated.code == 0);
+    CHECK_MESSAGE(generated.out.rfind("| option | default | config key | what |\n", 0) == 0,
+                  generated.out);
+    CHECK_MESSAGE(table == generated.out, "docs/tool.md's table of tightfit "
+                                              << c << " differs from `tightfit help " << c
+                                              << " --markdown`; run scripts/tool-docs");
   }
 }
 

@@ -116,7 +116,8 @@ double objectives_fixture::check_first_step(const std::string& args, const std::
                                             const fs::path& grads, double grad_loss) const {
   const auto out = dir / name, log = dir / (name + ".jsonl");
   const auto r = run("train --model " + q(model) + " " + args +
-                     " --optimizer sgd --lr 0.01 --steps 1 --dtype f64 --chunk 4 --quiet --log " +
+                     " --optimizer sgd --lr 0.01 --max-grad-norm 0 --steps 1 --dtype f64 --chunk 4 "
+                     "--quiet --log " +
                      q(log) + " --save-model " + q(out));
   REQUIRE_MESSAGE(r.code == 0, r.err);
   const auto lines = log_lines(log);
@@ -275,11 +276,13 @@ TEST_CASE("train: --epochs, --shuffle, the log's lr and grad_norm, Adam's hyperp
   };
   const auto adam = trained("adam", "--optimizer adam"),
              adamw = trained("adamw", "--optimizer adamw --weight-decay 0"),
-             decayed = trained("decayed", "--optimizer adamw"),
+             adamw_default = trained("adamw-default", "--optimizer adamw"),
+             decayed = trained("decayed", "--optimizer adamw --weight-decay 0.01"),
              betas = trained(
                  "betas", "--optimizer adam --adam-beta1 0.5 --adam-beta2 0.9 --adam-epsilon 1e-3");
   CHECK(adam == adamw);
-  CHECK(decayed != adam);  // AdamW's default decay, 0.01
+  CHECK(adamw_default == adam);  // TRL's default decay, 0
+  CHECK(decayed != adam);
   CHECK(betas != adam);
   CHECK(adam != f.weights(f.model));
 }

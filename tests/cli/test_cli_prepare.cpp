@@ -276,6 +276,37 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("prepare --config: TRL's names give the files of the same options; train's are skipped") {
+  const fs::path dir = cli_testing::scratch("prepare_config");
+  const auto tok_dir = tiny_tokenizer(dir / "tok");
+  const auto data = write_lines(dir / "rows.jsonl", sft_rows);
+  const std::string base = "prepare --tokenizer " + q(tok_dir) + " --data " + q(data) + " --out ";
+  const auto cli = dir / "cli.safetensors";
+  REQUIRE(run(base + q(cli) +
+              " --max-length 8 --truncation-mode keep_end --packing "
+              "--completion-only-loss false --quiet")
+              .code == 0);
+  // one file for the data and the training step (a TRL SFTConfig, flat): train's keys are
+  // named on stderr and skipped, and its seed does not ask prepare for a shuffle
+  const auto yaml = dir / "sft.yaml";
+  std::ofstream(yaml) << "max_length: 8\ntruncation_mode: keep_end\npacking: true\n"
+                         "completion_only_loss: False\nlearning_rate: 2.0e-5\nseed: 42\n";
+  const auto from_yaml = dir / "yaml.safetensors";
+  const auto r = run(base + q(from_yaml) + " --config " + q(yaml) + " --quiet");
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(r.err.find("'learning_rate' is tightfit train's; skipped") != std::string::npos);
+  CHECK(cli_testing::slurp(from_yaml) == cli_testing::slurp(cli));
+  // the command line overrides the file
+  const auto longer = dir / "longer.safetensors";
+  REQUIRE(run(base + q(longer) + " --config " + q(yaml) + " --max-length 12 --quiet").code == 0);
+  CHECK(safetensors_file::open(longer).info("input_ids").shape[1] == 12);
+  // a key neither command has is an error naming it
+  std::ofstream(yaml) << "max_length: 8\nmax_prompt_lenght: 4\n";
+  const auto bad = run(base + q(dir / "bad.safetensors") + " --config " + q(yaml));
+  CHECK(bad.code == 2);
+  CHECK(bad.err.find("key 'max_prompt_lenght'") != std::string::npos);
+}
+
 TEST_CASE("prepare then train: the loss falls (tiny byte-level tokenizer)") {
   const fs::path dir = cli_testing::scratch("prepare_train");
   const auto tok_dir = tiny_tokenizer(dir / "tok");

@@ -6,7 +6,8 @@ PyTorch (cross_check.Model, float64) is saved; `tightfit train --optimizer lora 
 writes its initial adapter (--steps 0: A as PEFT initialises it, B = 0), then trains 3 AdamW steps
 under each schedule. The reference takes the same A and B, computes every targeted weight as
 W0 + (alpha / r) B A (rsLoRA: alpha / sqrt(r)) inside the torch model, and runs
-torch.optim.AdamW (weight decay 0.01, tightfit's default) on A and B with autograd gradients.
+torch.optim.AdamW (weight decay 0.01, given to tightfit, no clipping) on A and B with autograd
+gradients.
 The trained adapters must agree to 1e-9 (relative, per tensor), and the PEFT names and shapes
 of adapter_model.safetensors must be the ones the torch side builds from the module names.
 
@@ -98,7 +99,8 @@ def main():
         names = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"] \
             if targets == "all-linear" else targets.split(",")
         common = [tool, "train", "--model", model_dir, "--data", data, "--optimizer", "lora",
-                  "--dtype", "f64", "--batch", "2", "--lr", "0.01", "--lora-rank", str(rank),
+                  "--dtype", "f64", "--batch", "2", "--lr", "0.01", "--weight-decay", "0.01",
+                  "--max-grad-norm", "0", "--lora-rank", str(rank),
                   "--lora-alpha", str(alpha), "--target-modules", targets, "--seed", "4",
                   "--quiet"] + (["--rslora"] if rslora else [])
         init_dir = os.path.join(work, name + "-init")

@@ -106,110 +106,67 @@ int cuda_stream_bench(const bench::bench_options& o, cuda_dtype dtype) {
 }
 #endif
 
-constexpr const char* bench_stream_usage =
-    "usage: tightfit bench stream [--seq 2048,4096,8192,16384] "
-    "[--schedules full,checkpoint,stream] [--chunk 512] [--batch 1]\n"
-    "                             [--preset qwen3-bench|small|...] "
-    "[--objective sft|grpo|dpo] [--csv FILE] [--compare]\n"
-    "                             [--device cpu|cuda] [--dtype f32|bf16]\n"
-    "  StreamBP against checkpointing and full backprop: peak activation bytes, "
-    "bytes per token,\n  peak RSS (each row in its own process), time and GFLOP/s "
-    "next to the machine's GEMM rate.\n  --device cuda (a CUDA build): the same "
-    "rows on the first visible GPU, in one process,\n  with the backend's peak "
-    "device bytes; --dtype bf16 (cuda only) stores bf16, accumulates fp32.\n"
-    "  --single: one row measured in this process (what each row's child process runs).\n";
-
-bool asks_for_help(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) return true;
-  return false;
-}
-
 }  // namespace
 
+/// bench stream's options: the driver's (stream_bench.hpp) and the device's.
+const command_spec& bench_command() {
+  static const command_spec spec = [] {
+    command_spec c = bench::stream_bench_command();
+    c.options.push_back({"--device", "NAME",
+                         "cpu, or cuda (a CUDA build): the rows on the first visible GPU, in one "
+                         "process, with the backend's peak device bytes",
+                         "cpu"});
+    c.options.push_back(
+        {"--dtype", "NAME", "f32, or bf16 (cuda only: bf16 storage, fp32 accumulation)", "f32"});
+    return c;
+  }();
+  return spec;
+}
+
 int bench(int argc, char** argv) {
-  // `bench --help` and `bench stream --help` print the usage; `bench` alone is an error
-  if (argc < 2 || asks_for_help(argc, argv)) {
-    std::fputs(bench_stream_usage, argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
+  // `bench stream ...`: the one benchmark; `bench` alone is an error, `bench --help` its help
+  if (argc >= 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
+    std::fputs(help_text(bench_command()).c_str(), stdout);
+    return 0;
   }
-  if (std::strcmp(argv[1], "stream") != 0) {
-    std::fprintf(stderr, "tightfit bench: unknown benchmark '%s' (known: stream)\n", argv[1]);
+  if (argc < 2 || std::strcmp(argv[1], "stream") != 0) {
+    print_usage_error(bench_command(), argc < 2 ? "which benchmark? (known: stream)"
+                                                : "unknown benchmark '" + std::string(argv[1]) +
+                                                      "' (known: stream)");
     return 2;
   }
-  // --device and --dtype are the tool's; the rest goes to the benchmark's parser
-  std::vector<char*> rest{argv[1]};
-  std::string device = "cpu", dtype = "f32";
-  bool cpu_only = false;  // --compare / --single given
-  for (int i = 2; i < argc; ++i) {
-    const bool is_device = std::strcmp(argv[i], "--device") == 0;
-    if (!is_device && std::strcmp(argv[i], "--dtype") != 0) {
-      if (std::strcmp(argv[i], "--compare") == 0 || std::strcmp(argv[i], "--single") == 0)
-        cpu_only = true;
-      rest.push_back(argv[i]);
-      continue;
+  return with_arguments(bench_command(), argc - 1, argv + 1, [](const arguments& a) {
+    const std::string device = a.choice("--device", {"cpu", "cuda"});
+    const std::string dtype = a.choice("--dtype", {"f32", "bf16"});
+    if (dtype == "bf16" && device != "cuda")
+      throw usage_error{"--dtype bf16 needs --device cuda (the CPU bench is float)"};
+    if (device == "cuda" && (a.has("--compare") || a.has("--single")))
+      throw usage_error{
+          "--compare and --single run on the CPU only; --device cuda measures each row once in "
+          "this process"};
+    // --csv: the tool's rule for outputs (output_paths.hpp), before anything runs
+    if (a.has("--csv")) {
+      output_paths paths;
+      paths.output_file("--csv", a.get("--csv"));
     }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "tightfit bench: %s needs a value\n", argv[i]);
-      return 2;
-    }
-    (is_device ? device : dtype) = argv[++i];
-  }
-  if (device != "cpu" && device != "cuda") {
-    std::fprintf(stderr, "tightfit bench: --device expects cpu or cuda, got '%s'\n",
-                 device.c_str());
-    return 2;
-  }
-  if (dtype != "f32" && dtype != "bf16") {
-    std::fprintf(stderr, "tightfit bench: --dtype expects f32 or bf16, got '%s'\n", dtype.c_str());
-    return 2;
-  }
-  if (dtype == "bf16" && device != "cuda") {
-    std::fprintf(stderr,
-                 "tightfit bench: --dtype bf16 needs --device cuda (the CPU bench is float)\n");
-    return 2;
-  }
-  // --csv: the tool's rule for outputs (output_paths.hpp), before anything runs
-  for (std::size_t i = 1; i + 1 < rest.size(); ++i)
-    if (std::strcmp(rest[i], "--csv") == 0) {
-      try {
-        output_paths paths;
-        paths.output_file("--csv", rest[i + 1]);
-      } catch (const usage_error& e) {
-        std::fprintf(stderr, "tightfit bench: %s\n", e.message.c_str());
-        return 2;
-      }
-    }
-  if (device == "cpu")
-    return bench::stream_bench_main(
-        static_cast<int>(rest.size()), rest.data(),
-        {"/proc/" + std::to_string(getpid()) + "/exe", "bench", "stream"});
-  if (cpu_only) {
-    std::fprintf(stderr,
-                 "tightfit bench: --compare and --single run on the CPU only; --device cuda "
-                 "measures each row once in this process\n");
-    return 2;
-  }
-  bench::bench_options opts;
-  try {
-    opts = bench::parse_options(static_cast<int>(rest.size()), rest.data());
-  } catch (const bench::bench_usage& e) {
-    std::fprintf(stderr, "tightfit bench: %s\n", e.message.c_str());
-    return 2;
-  }
-  try {
+    const bench::bench_options opts = bench::parse_options(a);
+    if (device == "cpu")
+      return bench::stream_bench_run(
+          opts, {"/proc/" + std::to_string(getpid()) + "/exe", "bench", "stream"});
+    try {
 #if defined(TIGHTFIT_CLI_CUDA)
-    require_cuda_device(0);
-    return cuda_stream_bench(opts, dtype == "bf16" ? cuda_dtype::bf16 : cuda_dtype::f32);
+      require_cuda_device(0);
+      return cuda_stream_bench(opts, dtype == "bf16" ? cuda_dtype::bf16 : cuda_dtype::f32);
 #else
-    fail(
-        "--device cuda: this tightfit was built without CUDA; rebuild it with "
-        "-DTIGHTFIT_WITH_CUDA=ON (needs the CUDA toolkit: nvcc, cuBLAS)");
+      fail(
+          "--device cuda: this tightfit was built without CUDA; rebuild it with "
+          "-DTIGHTFIT_WITH_CUDA=ON (needs the CUDA toolkit: nvcc, cuBLAS)");
 #endif
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "tightfit bench: %s\n", e.what());
-    return 1;
-  }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tightfit bench: %s\n", e.what());
+      return 1;
+    }
+  });
 }
 
 }  // namespace tightfit::cli

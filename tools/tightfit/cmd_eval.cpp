@@ -23,13 +23,32 @@ namespace {
 
 constexpr long long max_count = 1LL << 40;
 
-constexpr const char* eval_usage =
-    "usage: tightfit eval --model DIR --data FILE [--batch ROWS] [--chunk N] [--dtype f32|f64]\n"
-    "  The mean negative log-likelihood of the data set's counted labels (the loss of SFT) and\n"
-    "  the per-token perplexity exp(loss), forward only: layer by layer in chunks of N\n"
-    "  positions (default 512) and a streaming head, --batch rows at a time (default 1). The\n"
-    "  data is train's: input_ids (N, T), optional labels and position_ids (N, T).\n"
-    "  Prints one JSON line: loss, perplexity, tokens, rows, seconds.\n";
+}  // namespace
+
+/// eval's options (args.hpp).
+const command_spec& eval_command() {
+  static const command_spec spec = [] {
+    command_spec c;
+    c.name = "eval";
+    c.synopsis = "--model DIR --data FILE [options]";
+    c.options = {
+        {"--model", "DIR", "the model evaluated"},
+        {"--data", "FILE",
+         "train's token data set: input_ids (N, T), optional labels and position_ids"},
+        {"--batch", "ROWS", "rows per forward", "1"},
+        {"--chunk", "N", "positions per chunk of the layer-by-layer forward", "512"},
+        {"--dtype", "NAME", "f32 or f64", "f32"},
+    };
+    c.notes =
+        "The mean negative log-likelihood of the data set's counted labels (the loss of SFT) and\n"
+        "the per-token perplexity exp(loss), forward only, with a streaming head.\n"
+        "Prints one JSON line: loss, perplexity, tokens, rows, seconds.\n";
+    return c;
+  }();
+  return spec;
+}
+
+namespace {
 
 template <class T, template <class> class Layer>
 int run_eval(const arguments& a, const model_config& cfg) {
@@ -43,8 +62,8 @@ int run_eval(const arguments& a, const model_config& cfg) {
                            std::move(table.labels), std::move(table.position_ids));
   data.validate(cfg.vocab_size);
   forward_options fo;
-  fo.chunk = a.integer("--chunk", 512, 1, max_count);
-  const index_t rows = a.integer("--batch", 1, 1, max_count);
+  fo.chunk = a.integer("--chunk", 1, max_count);
+  const index_t rows = a.integer("--batch", 1, max_count);
   backward_options bo;  // the backward's bound is an upper bound of the forward's
   bo.sched = backward_schedule::stream;
   bo.chunk = fo.chunk;
@@ -78,21 +97,19 @@ int run_eval_of_config(const arguments& a) {
 }  // namespace
 
 int eval(int argc, char** argv) {
-  return with_arguments(argc, argv, {"--model", "--data", "--batch", "--chunk", "--dtype"}, {},
-                        eval_usage, [](const arguments& a) {
-                          if (!a.has("--model") || !a.has("--data"))
-                            throw usage_error{"--model and --data are required"};
-                          (void)a.integer("--chunk", 512, 1, max_count);
-                          (void)a.integer("--batch", 1, 1, max_count);
-                          const std::string dtype = a.get("--dtype", "f32");
-                          if (dtype != "f32" && dtype != "f64")
-                            throw usage_error{"--dtype expects f32 or f64, got '" + dtype + "'"};
-                          output_paths paths;  // nothing written; the inputs named
-                          paths.input(a.get("--model"));
-                          paths.input_file(a.get("--data"));
-                          if (dtype == "f64") return run_eval_of_config<double>(a);
-                          return run_eval_of_config<float>(a);
-                        });
+  return with_arguments(eval_command(), argc, argv, [](const arguments& a) {
+    if (!a.has("--model") || !a.has("--data")) throw usage_error{"--model and --data are required"};
+    (void)a.integer("--chunk", 1, max_count);
+    (void)a.integer("--batch", 1, max_count);
+    const std::string dtype = a.get("--dtype");
+    if (dtype != "f32" && dtype != "f64")
+      throw usage_error{"--dtype expects f32 or f64, got '" + dtype + "'"};
+    output_paths paths;  // nothing written; the inputs named
+    paths.input(a.get("--model"));
+    paths.input_file(a.get("--data"));
+    if (dtype == "f64") return run_eval_of_config<double>(a);
+    return run_eval_of_config<float>(a);
+  });
 }
 
 }  // namespace tightfit::cli

@@ -49,60 +49,78 @@ namespace {
 /// The largest count an option takes (chunk, head chunk rows, completion length): 2^40.
 constexpr long long max_count = 1LL << 40;
 
-constexpr const char* grad_usage =
-    "usage: tightfit grad --model DIR --batch FILE [--objective sft|grpo|dpo]\n"
-    "                     [--sched full|checkpoint|stream] [--chunk N|auto] [--budget BYTES]\n"
-    "                     [--device cpu|cuda] [--dtype f32|f64|bf16] [--out FILE]\n"
-    "                     [--head-chunk ROWS] [--temperature T]\n"
-    "                     [--beta B] [--epsilon-low E] [--epsilon-high E] [--loss-type NAME]\n"
-    "                     [--max-completion-length L] [--importance-sampling-level "
-    "token|sequence]\n"
-    "                     [--delta D] [--mask-truncated-completions --eos-token-id ID[,ID...]]\n"
-    "                     [--label-smoothing S] [--rpo-alpha A] [--simpo-gamma G]\n"
-    "                     [--parallel data|sequence] [--assignment zigzag|contiguous]\n"
-    "  The batch is a safetensors file in the Hugging Face convention (labels unshifted,\n"
-    "  -100 ignored, right padding):\n"
-    "    sft:  input_ids (B,T), labels (B,T), optional attention_mask (B,T) or lengths (B),\n"
-    "          optional position_ids (B,T): packed documents, positions restarting at 0 at\n"
-    "          each (Hugging Face padding-free layout; a document attends only to itself)\n"
-    "    grpo: the same plus advantages (D), optional old_logprobs and ref_logprobs (B,T)\n"
-    "          aligned with labels (entry t is the log-prob of labels[t]); D = B, or with\n"
-    "          position_ids one completion per document, in row-major order\n"
-    "    dpo:  chosen_input_ids, chosen_labels, rejected_input_ids, rejected_labels (P,T),\n"
-    "          optional chosen_attention_mask, rejected_attention_mask (P,T), and\n"
-    "          ref_chosen_logps, ref_rejected_logps (P) (optional for simpo and orpo);\n"
-    "          packed: chosen_position_ids / rejected_position_ids, the i-th chosen and the\n"
-    "          i-th rejected document (row-major order) form pair i\n"
-    "  `tightfit logprobs` adds old_logprobs / ref_logprobs / ref_*_logps to a batch file.\n"
-    "  attention_mask holds 0 / 1 only; a label outside the mask is never supervised,\n"
-    "  whatever its value. Any other tensor in the batch file is an error naming it.\n"
-    "  Options follow TRL's names. grpo: --loss-type grpo|bnpo|dapo|dr_grpo (default grpo),\n"
-    "  --beta (KL weight, default 0), --epsilon-low/--epsilon-high (clip range, 0.2 / "
-    "epsilon-low),\n"
-    "  --importance-sampling-level token|sequence (sequence: GSPO), --delta (upper bound of the\n"
-    "  ratio, > 1; default none), --mask-truncated-completions: a completion whose last token is\n"
-    "  not one of --eos-token-id (its completion was truncated) adds no loss; dr_grpo divides by\n"
-    "  --max-completion-length (default T). dpo: --loss-type sigmoid|ipo|hinge|simpo|orpo\n"
-    "  (default sigmoid; simpo and orpo are reference-free), --beta (default 0.1; ORPO's\n"
-    "  lambda), --label-smoothing (sigmoid, simpo), --rpo-alpha (NLL on chosen tokens),\n"
-    "  --simpo-gamma (default 0.5). An option of another objective is an argument error.\n"
-    "  --chunk auto picks the largest power-of-two chunk whose StreamBP peak fits --budget\n"
-    "  (default 4G), keeping only every k-th layer input (the smallest k that fits) when all\n"
-    "  inputs do not fit.\n"
-    "  Prints one JSON line: loss, schedule, chunk, peak_activation_bytes, seconds, ...\n"
-    "  Under mpirun (needs MPI): --parallel data gives each rank a contiguous share of the rows\n"
-    "  (dpo: of the pairs), --parallel sequence a share of every row's positions (zigzag\n"
-    "  blocks by default, or contiguous; stream or checkpoint schedule); the gradients are those\n"
-    "  of one process on the whole batch; rank 0 prints and writes --out, the others are\n"
-    "  silent; peak_activation_bytes is the largest rank's. Packed batches (position_ids):\n"
-    "  --parallel data splits the rows, each rank taking the documents of its rows (dpo: the\n"
-    "  chosen rows, and the rejected rows of their pairs, which must break where the chosen\n"
-    "  rows do); --parallel sequence runs packed sft only.\n"
-    "  --device cuda runs the step on the first visible GPU (CUDA_VISIBLE_DEVICES selects it)\n"
-    "  in --dtype f32 or bf16 (bf16 storage, fp32 accumulation); the weights are loaded on the\n"
-    "  host and copied over, the gradients come back in float; one process (no --parallel).\n"
-    "  It needs a tightfit built with -DTIGHTFIT_WITH_CUDA=ON. --device cpu (the default) runs\n"
-    "  --dtype f32 or f64.\n";
+}  // namespace
+
+/// grad's options (args.hpp: the parser, --help and docs/tool.md's table come from them).
+const command_spec& grad_command() {
+  static const command_spec spec = [] {
+    command_spec c;
+    c.name = "grad";
+    c.synopsis = "--model DIR --batch FILE [--objective sft|grpo|dpo] [options]";
+    c.options = {
+        {"--model", "DIR", "a Hugging Face model folder: config.json and safetensors weights"},
+        {"--batch", "FILE", "the batch (safetensors; its tensors below)"},
+        {"--objective", "NAME", "sft, grpo or dpo", "sft"},
+        {"--sched", "NAME",
+         "the backward schedule: full (plain backprop), checkpoint (gradient checkpointing) or "
+         "stream (StreamBP)",
+         "stream"},
+        {"--chunk", "N|auto",
+         "StreamBP's chunk of positions; auto: the largest power of two whose peak fits "
+         "--budget, keeping only every k-th layer input (the smallest k that fits) when all "
+         "inputs do not",
+         "512"},
+        {"--budget", "BYTES", "--chunk auto's activation budget (K, M, G, T: powers of 1024)",
+         "4G"},
+        {"--device", "NAME",
+         "cpu, or cuda: the first visible GPU (a build with -DTIGHTFIT_WITH_CUDA=ON), one "
+         "process",
+         "cpu"},
+        {"--dtype", "NAME", "f32 or f64 on the CPU; f32 or bf16 (fp32 accumulation) on a GPU",
+         "f32"},
+        {"--out", "FILE", "the gradients (safetensors, the weights' names)"},
+        {"--head-chunk", "ROWS", "rows of the streaming LM head per step (0: the chunk's)", "0"},
+        {"--temperature", "T", "the logits are divided by T before the softmax", "1"},
+        {"--parallel", "MODE",
+         "under mpirun (needs MPI): data gives each rank a contiguous share of the rows (dpo: "
+         "pairs), sequence a share of every row's positions; rank 0 prints and writes --out"},
+        {"--assignment", "NAME",
+         "--parallel sequence: zigzag (default) or contiguous blocks of positions"},
+    };
+    for (const auto& o : objective_options()) c.options.push_back(o);
+    c.misnamed = {{"--schedule",
+                   "--schedule is train's learning-rate schedule; grad's backward schedule is "
+                   "--sched full|checkpoint|stream"}};
+    c.notes =
+        "The batch is a safetensors file in the Hugging Face convention (labels unshifted, -100\n"
+        "ignored, right padding):\n"
+        "  sft:  input_ids (B,T), labels (B,T), optional attention_mask (B,T) or lengths (B),\n"
+        "        optional position_ids (B,T): packed documents, positions restarting at 0 at\n"
+        "        each (Hugging Face padding-free layout; a document attends only to itself)\n"
+        "  grpo: the same plus advantages (D), optional old_logprobs and ref_logprobs (B,T)\n"
+        "        aligned with labels (entry t is the log-prob of labels[t]); D = B, or with\n"
+        "        position_ids one completion per document, in row-major order\n"
+        "  dpo:  chosen_input_ids, chosen_labels, rejected_input_ids, rejected_labels (P,T),\n"
+        "        optional chosen_attention_mask, rejected_attention_mask (P,T), and\n"
+        "        ref_chosen_logps, ref_rejected_logps (P) (optional for simpo and orpo);\n"
+        "        packed: chosen_position_ids / rejected_position_ids, the i-th chosen and the\n"
+        "        i-th rejected document (row-major order) form pair i\n"
+        "`tightfit logprobs` adds old_logprobs / ref_logprobs / ref_*_logps to a batch file.\n"
+        "attention_mask holds 0 / 1 only; a label outside the mask is never supervised, whatever\n"
+        "its value. Any other tensor in the batch file is an error naming it. An option of\n"
+        "another objective is an argument error.\n"
+        "Prints one JSON line: loss, schedule, chunk, peak_activation_bytes, seconds, ...\n"
+        "Under mpirun the gradients are those of one process on the whole batch;\n"
+        "peak_activation_bytes is the largest rank's. Packed batches: --parallel data splits the\n"
+        "rows, each rank taking the documents of its rows (dpo: the chosen rows, and the rejected\n"
+        "rows of their pairs, which must break where the chosen rows do); --parallel sequence\n"
+        "runs packed sft only, with --sched stream or checkpoint.\n";
+    return c;
+  }();
+  return spec;
+}
+
+namespace {
 
 /// The rows of `v` (rows of `width` values) listed in `rows`, in that order (empty stays empty).
 template <class V>
@@ -117,8 +135,8 @@ template <class T, template <class> class Layer, class Comm>
 int run_grad_with(const arguments& a, const model_config& cfg, Comm& comm) {
   constexpr bool distributed = !std::is_same_v<Comm, self_communicator>;
   const std::string parallel = a.get("--parallel", "");
-  const bool cuda = a.get("--device", "cpu") == "cuda";
-  const std::string dtype = a.get("--dtype", "f32");
+  const bool cuda = a.get("--device") == "cuda";
+  const std::string dtype = a.get("--dtype");
   using backend = eigen_backend<T>;
   const std::filesystem::path model_dir = a.get("--model");
   // Sizes before allocation: config.json against the checkpoint, weights + gradients
@@ -126,7 +144,7 @@ int run_grad_with(const arguments& a, const model_config& cfg, Comm& comm) {
   // model's bytes per token), before the model or the batch is read.
   check_model_fits(cfg, sizeof(T), 2, &model_dir);
   const auto batch_file = safetensors_file::open(a.get("--batch"));
-  const std::string objective = a.get("--objective", "sft");
+  const std::string objective = a.get("--objective");
   check_batch_keys(batch_file, objective);
   index_t b = 0, t = 0;
   std::tie(b, t) = batch_extents(batch_file, objective);
@@ -136,11 +154,11 @@ int run_grad_with(const arguments& a, const model_config& cfg, Comm& comm) {
     b = read_early->b, t = read_early->t;
   }
   backward_options opt;
-  opt.sched = parse_backward_schedule(a.get("--sched", "stream"));
-  opt.temperature = a.real("--temperature", 1.0, 1e-6, 1e6);
-  opt.head_chunk_rows = a.integer("--head-chunk", 0, 0, max_count);
-  if (a.get("--chunk", "512") == "auto") {
-    const std::size_t budget = parse_bytes("--budget", a.get("--budget", "4G"));
+  opt.sched = parse_backward_schedule(a.get("--sched"));
+  opt.temperature = a.real("--temperature", 1e-6, 1e6);
+  opt.head_chunk_rows = a.integer("--head-chunk", 0, max_count);
+  if (a.get("--chunk") == "auto") {
+    const std::size_t budget = parse_bytes("--budget", a.get("--budget"));
     const auto plan = plan_memory<T>(cfg, b, t, budget, sft_loss{}, 0, t);
     check(plan.chunk >= 1, "--chunk auto: even chunk 1 needs more than the budget of ", budget,
           " bytes at T = ", t);
@@ -148,7 +166,7 @@ int run_grad_with(const arguments& a, const model_config& cfg, Comm& comm) {
     // > 1 when only layer-input spacing fits the budget (full keeps every activation anyway)
     if (opt.sched != backward_schedule::full) opt.keep_every = plan.keep_every;
   } else {
-    opt.chunk = a.integer("--chunk", 512, 1, max_count);
+    opt.chunk = a.integer("--chunk", 1, max_count);
   }
   layer_progress progress("grad", cfg.num_hidden_layers, comm.rank() == 0);  // long runs
   opt.between_layers = [&progress] { progress(); };
@@ -388,15 +406,11 @@ int run_grad(const arguments& a, Comm& comm) {
 void check_grad_arguments(const arguments& a) {
   if (!a.has("--model") || !a.has("--batch")) throw usage_error{"--model and --batch are required"};
   // names are argument errors (exit 2), checked before any file is read
-  const std::string objective = a.get("--objective", "sft");
-  if (a.has("--schedule"))  // one name, one meaning across the commands
-    throw usage_error{
-        "--schedule is train's learning-rate schedule; grad's backward schedule is "
-        "--sched full|checkpoint|stream"};
-  const std::string device = a.get("--device", "cpu");
+  const std::string objective = a.get("--objective");
+  const std::string device = a.get("--device");
   if (device != "cpu" && device != "cuda")
     throw usage_error{"--device expects cpu or cuda, got '" + device + "'"};
-  const std::string dtype = a.get("--dtype", "f32");
+  const std::string dtype = a.get("--dtype");
   if (dtype != "f32" && dtype != "f64" && dtype != "bf16")
     throw usage_error{"--dtype expects f32, f64 (--device cpu) or bf16 (--device cuda), got '" +
                       dtype + "'"};
@@ -408,7 +422,7 @@ void check_grad_arguments(const arguments& a) {
     throw usage_error{"--parallel " + a.get("--parallel") +
                       " runs on the CPU only; --device cuda runs one process on one GPU"};
   try {
-    const auto sched = parse_backward_schedule(a.get("--sched", "stream"));
+    const auto sched = parse_backward_schedule(a.get("--sched"));
     if (a.has("--assignment")) parse_sequence_assignment(a.get("--assignment"));
     if (a.has("--parallel")) {
       const std::string parallel = a.get("--parallel");
@@ -429,10 +443,10 @@ void check_grad_arguments(const arguments& a) {
   }
   check_objective_arguments(a, objective);
   // every value is an argument error (exit 2) before any file is read
-  if (a.get("--chunk", "512") != "auto") (void)a.integer("--chunk", 512, 1, max_count);
+  if (a.get("--chunk") != "auto") (void)a.integer("--chunk", 1, max_count);
   if (a.has("--budget")) (void)parse_bytes("--budget", a.get("--budget"));
-  (void)a.integer("--head-chunk", 0, 0, max_count);
-  (void)a.real("--temperature", 1.0, 1e-6, 1e6);
+  (void)a.integer("--head-chunk", 0, max_count);
+  (void)a.real("--temperature", 1e-6, 1e6);
   output_paths paths;
   paths.input(a.get("--model"));
   paths.input_file(a.get("--batch"));
@@ -442,20 +456,15 @@ void check_grad_arguments(const arguments& a) {
 }  // namespace
 
 int grad(int argc, char** argv) {
-  std::set<std::string> valued{"--model",    "--batch",     "--objective",  "--sched",
-                               "--schedule", "--chunk",     "--budget",     "--dtype",
-                               "--device",   "--out",       "--head-chunk", "--temperature",
-                               "--parallel", "--assignment"};
-  valued.insert(objective_valued_options().begin(), objective_valued_options().end());
-  return with_arguments(argc, argv, valued, objective_flags(), grad_usage, [&](const arguments& a) {
+  return with_arguments(grad_command(), argc, argv, [&](const arguments& a) {
     try {
       check_grad_arguments(a);
     } catch (const usage_error&) {
       if (launched_rank_above_0()) return 2;  // rank 0 prints it once
       throw;
     }
-    const std::string dtype = a.get("--dtype", "f32");
-    if (a.get("--device", "cpu") == "cuda") {
+    const std::string dtype = a.get("--dtype");
+    if (a.get("--device") == "cuda") {
 #if defined(TIGHTFIT_CLI_CUDA)
       require_cuda_device(0);  // before any file is read
 #else

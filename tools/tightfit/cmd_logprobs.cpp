@@ -31,21 +31,42 @@ namespace {
 
 constexpr long long max_count = 1LL << 40;
 
-constexpr const char* logprobs_usage =
-    "usage: tightfit logprobs --model DIR --batch FILE --out FILE [--objective grpo|dpo]\n"
-    "                         [--as ref|old] [--dtype f32|f64] [--chunk N] [--head-chunk ROWS]\n"
-    "                         [--temperature T]\n"
-    "  Forward-only label log-probs of the batch under the model at DIR (a reference model, or\n"
-    "  the rollout policy), layer by layer in chunks of N positions (default 512) and a\n"
-    "  streaming head (no (B,T,V) logits). The batch file is grad's (tightfit grad --help);\n"
-    "  --objective defaults to dpo when it holds chosen_input_ids, else grpo. --out gets the\n"
-    "  batch's tensors plus:\n"
-    "    grpo: ref_logprobs (B,T), or old_logprobs with --as old: entry t is the log-prob of\n"
-    "          labels[t] (0 where nothing is predicted), at --temperature (default 1)\n"
-    "    dpo:  ref_chosen_logps, ref_rejected_logps (P): the sums over each completion's\n"
-    "          counted labels (one per document when packed)\n"
-    "  (a key already in the batch is replaced), so `tightfit grad --batch OUT` reads them.\n"
-    "  Prints one JSON line: keys, peak_activation_bytes, peak_bytes, seconds, ...\n";
+}  // namespace
+
+/// logprobs' options (args.hpp).
+const command_spec& logprobs_command() {
+  static const command_spec spec = [] {
+    command_spec c;
+    c.name = "logprobs";
+    c.synopsis = "--model DIR --batch FILE --out FILE [--objective grpo|dpo] [options]";
+    c.options = {
+        {"--model", "DIR",
+         "the model whose log-probs are taken (a reference, or the rollout policy)"},
+        {"--batch", "FILE", "grad's batch file (tightfit grad --help)"},
+        {"--out", "FILE",
+         "the batch's tensors plus the log-probs (a key already there is replaced)"},
+        {"--objective", "NAME", "grpo or dpo (default: dpo when the batch holds chosen_input_ids)"},
+        {"--as", "NAME", "grpo: ref writes ref_logprobs, old writes old_logprobs", "ref"},
+        {"--dtype", "NAME", "f32 or f64", "f32"},
+        {"--chunk", "N", "positions per chunk of the layer-by-layer forward", "512"},
+        {"--head-chunk", "ROWS", "rows of the streaming LM head per step (0: the chunk's)", "0"},
+        {"--temperature", "T", "the logits are divided by T before the softmax", "1"},
+    };
+    c.notes =
+        "Forward-only label log-probs of the batch, layer by layer in chunks and a streaming head\n"
+        "(no (B,T,V) logits). --out gets:\n"
+        "  grpo: ref_logprobs (B,T), or old_logprobs with --as old: entry t is the log-prob of\n"
+        "        labels[t] (0 where nothing is predicted), at --temperature\n"
+        "  dpo:  ref_chosen_logps, ref_rejected_logps (P): the sums over each completion's\n"
+        "        counted labels (one per document when packed)\n"
+        "so that `tightfit grad --batch OUT` reads them.\n"
+        "Prints one JSON line: keys, peak_activation_bytes, peak_bytes, seconds, ...\n";
+    return c;
+  }();
+  return spec;
+}
+
+namespace {
 
 /// Copies every tensor of `f` but `skip` into `w`, keeping integer and float dtypes.
 void copy_tensors(const safetensors_file& f, safetensors_writer& w,
@@ -75,9 +96,9 @@ int run_logprobs_with(const arguments& a, const std::string& objective, const mo
   const auto batch_file = safetensors_file::open(a.get("--batch"));
   check_batch_keys(batch_file, objective);
   forward_options fo;
-  fo.chunk = a.integer("--chunk", 512, 1, max_count);
-  fo.head_chunk_rows = a.integer("--head-chunk", 0, 0, max_count);
-  fo.temperature = a.real("--temperature", 1.0, 1e-6, 1e6);
+  fo.chunk = a.integer("--chunk", 1, max_count);
+  fo.head_chunk_rows = a.integer("--head-chunk", 0, max_count);
+  fo.temperature = a.real("--temperature", 1e-6, 1e6);
   layer_progress progress("logprobs", cfg.num_hidden_layers);  // long runs, on a terminal
   fo.between_layers = [&progress] { progress(); };
   backward_options bo;  // the backward's bound is an upper bound of the forward's
@@ -115,7 +136,7 @@ int run_logprobs_with(const arguments& a, const std::string& objective, const mo
   safetensors_writer w;
   std::vector<std::string> keys;
   if (objective == "grpo") {
-    keys = {a.get("--as", "ref") == "old" ? "old_logprobs" : "ref_logprobs"};
+    keys = {a.get("--as") == "old" ? "old_logprobs" : "ref_logprobs"};
     copy_tensors(batch_file, w, keys);
     const auto v = unshift_values(lp, lb.b, lb.t);  // label-aligned (B, T)
     w.add(keys[0], {lb.b, lb.t}, std::span<const double>(v), dtype::f64);
@@ -163,42 +184,36 @@ int run_logprobs(const arguments& a, const std::string& objective) {
 }  // namespace
 
 int logprobs(int argc, char** argv) {
-  return with_arguments(
-      argc, argv,
-      {"--model", "--batch", "--out", "--objective", "--as", "--dtype", "--chunk", "--head-chunk",
-       "--temperature"},
-      {}, logprobs_usage, [](const arguments& a) {
-        if (!a.has("--model") || !a.has("--batch") || !a.has("--out"))
-          throw usage_error{"--model, --batch and --out are required"};
-        std::string objective = a.get("--objective", "");
-        if (!objective.empty() && objective != "grpo" && objective != "dpo")
-          throw usage_error{"--objective expects grpo or dpo, got '" + objective + "'"};
-        const std::string as = a.get("--as", "ref");
-        if (as != "ref" && as != "old")
-          throw usage_error{"--as expects ref or old, got '" + as + "'"};
+  return with_arguments(logprobs_command(), argc, argv, [](const arguments& a) {
+    if (!a.has("--model") || !a.has("--batch") || !a.has("--out"))
+      throw usage_error{"--model, --batch and --out are required"};
+    std::string objective = a.get("--objective", "");
+    if (!objective.empty() && objective != "grpo" && objective != "dpo")
+      throw usage_error{"--objective expects grpo or dpo, got '" + objective + "'"};
+    const std::string as = a.get("--as");
+    if (as != "ref" && as != "old") throw usage_error{"--as expects ref or old, got '" + as + "'"};
 
-        (void)a.integer("--chunk", 512, 1, max_count);
-        (void)a.integer("--head-chunk", 0, 0, max_count);
-        (void)a.real("--temperature", 1.0, 1e-6, 1e6);
-        const std::string dtype = a.get("--dtype", "f32");
-        if (dtype != "f32" && dtype != "f64")
-          throw usage_error{"--dtype expects f32 or f64, got '" + dtype + "'"};
-        output_paths paths;
-        paths.input(a.get("--model"));
-        paths.input_file(a.get("--batch"));
-        paths.output_file("--out", a.get("--out"));
-        if (objective.empty())
-          objective = safetensors_file::open(a.get("--batch")).contains("chosen_input_ids")
-                          ? "dpo"
-                          : "grpo";
-        // --as names which GRPO key is written; a DPO batch (given or found) has none
-        if (a.has("--as") && objective == "dpo")
-          throw usage_error{
-              "--as applies to --objective grpo, not dpo (a dpo batch, one with "
-              "chosen_input_ids, gets ref_chosen_logps and ref_rejected_logps)"};
-        if (dtype == "f64") return run_logprobs<double>(a, objective);
-        return run_logprobs<float>(a, objective);
-      });
+    (void)a.integer("--chunk", 1, max_count);
+    (void)a.integer("--head-chunk", 0, max_count);
+    (void)a.real("--temperature", 1e-6, 1e6);
+    const std::string dtype = a.get("--dtype");
+    if (dtype != "f32" && dtype != "f64")
+      throw usage_error{"--dtype expects f32 or f64, got '" + dtype + "'"};
+    output_paths paths;
+    paths.input(a.get("--model"));
+    paths.input_file(a.get("--batch"));
+    paths.output_file("--out", a.get("--out"));
+    if (objective.empty())
+      objective =
+          safetensors_file::open(a.get("--batch")).contains("chosen_input_ids") ? "dpo" : "grpo";
+    // --as names which GRPO key is written; a DPO batch (given or found) has none
+    if (a.has("--as") && objective == "dpo")
+      throw usage_error{
+          "--as applies to --objective grpo, not dpo (a dpo batch, one with "
+          "chosen_input_ids, gets ref_chosen_logps and ref_rejected_logps)"};
+    if (dtype == "f64") return run_logprobs<double>(a, objective);
+    return run_logprobs<float>(a, objective);
+  });
 }
 
 }  // namespace tightfit::cli

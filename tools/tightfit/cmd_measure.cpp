@@ -43,26 +43,6 @@ namespace tg = tightfit::geometry;
 /// The memory measure() needs per point of a cloud, at most (the cloud as read, its filtered
 /// copies, the kd-trees and the voxel tables; measured: docs/tool.md).
 constexpr std::uint64_t measure_bytes_per_point = 256;
-/// --max-points' default.
-constexpr long long default_max_points = 100000000;
-
-void measure_usage(std::FILE* out) {
-  std::fprintf(
-      out,
-      "usage: tightfit measure CLOUD [CLOUD ...] [--method mebb|aabb|pca|trimmed|hull]\n"
-      "                        [--belt auto|none|Z] [--unit m|mm] [--json]\n"
-      "  CLOUD     a PLY (ascii or binary little-endian, float/double x y z) or XYZ/CSV file\n"
-      "  --method  mebb (default; excludes handles, wheels, straps) or a baseline box\n"
-      "  --belt    auto: find the belt plane (default; none found: full 3D, low confidence);\n"
-      "            none: full-3D cloud, all six faces elastic; Z: the belt is the plane z = Z\n"
-      "  --unit    coordinates in metres (default) or millimetres\n"
-      "  --json    one JSON object per cloud (an array for several clouds)\n"
-      "  --max-points N  refuse a cloud of more than N points (default 100000000), and one\n"
-      "            larger than the memory this process may use holds (%llu bytes per point)\n"
-      "prints length x width x height in mm (L >= W >= H) with 95 %% intervals and a status;\n"
-      "exit 0 ok, 1 bad input, 2 bad arguments, 3 a measurement is not trustworthy\n",
-      static_cast<unsigned long long>(measure_bytes_per_point));
-}
 
 nlohmann::ordered_json json_measurement(const std::string& file, const tg::measurement& m,
                                         double to_mm) {
@@ -204,78 +184,59 @@ void keep_freed_memory() {
 
 }  // namespace
 
-int measure(int argc, char** argv) {
-  std::vector<std::string> files;
-  std::string method = "mebb", belt = "auto", unit = "m", max_points_text;
-  bool json = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&](std::string& out) {
-      if (i + 1 >= argc) return false;
-      out = argv[++i];
-      return true;
+/// measure's options (args.hpp).
+const command_spec& measure_command() {
+  static const command_spec spec = [] {
+    command_spec c;
+    c.name = "measure";
+    c.synopsis = "CLOUD [CLOUD ...] [options]";
+    c.positional =
+        "CLOUD: a PLY (ascii or binary little-endian, float/double x y z) or XYZ/CSV file";
+    c.options = {
+        {"--method", "NAME",
+         "mebb (excludes handles, wheels, straps) or a baseline box: aabb, pca, trimmed, hull",
+         "mebb"},
+        {"--belt", "auto|none|Z",
+         "auto: find the belt plane (none found: full 3D, low confidence); none: a full-3D cloud, "
+         "all six faces elastic; Z: the belt is the plane z = Z",
+         "auto"},
+        {"--unit", "NAME", "coordinates in metres (m) or millimetres (mm)", "m"},
+        {"--json", "", "one JSON object per cloud (an array for several clouds)"},
+        {"--max-points", "N",
+         "refuse a cloud of more than N points, and one larger than the memory this process may "
+         "use holds (256 bytes per point)",
+         "100000000"},
     };
-    if (a == "--help" || a == "-h") {
-      measure_usage(stdout);
-      return 0;
-    } else if (a == "--json") {
-      json = true;
-    } else if (a == "--method" || a == "--belt" || a == "--unit" || a == "--max-points") {
-      std::string& target = a == "--method" ? method
-                            : a == "--belt" ? belt
-                            : a == "--unit" ? unit
-                                            : max_points_text;
-      if (!value(target)) {
-        std::fprintf(stderr, "tightfit measure: %s needs a value\n", a.c_str());
-        measure_usage(stderr);
-        return 2;
-      }
-    } else if (a.size() > 1 && a[0] == '-' && !(a[1] >= '0' && a[1] <= '9') && a[1] != '.') {
-      std::fprintf(stderr, "tightfit measure: unknown option '%s'\n", a.c_str());
-      measure_usage(stderr);
-      return 2;
-    } else {
-      files.push_back(a);
-    }
-  }
-  if (files.empty()) {
-    std::fprintf(stderr, "tightfit measure: no cloud given\n");
-    measure_usage(stderr);
-    return 2;
-  }
-  if (unit != "m" && unit != "mm") {
-    std::fprintf(stderr, "tightfit measure: --unit is '%s', expected m or mm\n", unit.c_str());
-    return 2;
-  }
-  if (method != "mebb" && method != "aabb" && method != "pca" && method != "trimmed" &&
-      method != "hull") {
-    std::fprintf(stderr,
-                 "tightfit measure: --method is '%s', expected mebb, aabb, pca, trimmed or hull\n",
-                 method.c_str());
-    return 2;
-  }
+    c.notes =
+        "Prints length x width x height in mm (L >= W >= H) with 95 % intervals and a status.\n"
+        "Exit 0 ok, 1 bad input, 2 bad arguments, 3 a measurement is not trustworthy.\n";
+    return c;
+  }();
+  return spec;
+}
+
+namespace {
+
+int run_measure(const arguments& a) {
+  const std::vector<std::string>& files = a.positional();
+  if (files.empty()) throw usage_error{"no cloud given"};
+  const std::string unit = a.choice("--unit", {"m", "mm"});
+  const std::string method = a.choice("--method", {"mebb", "aabb", "pca", "trimmed", "hull"});
+  const bool json = a.has("--json");
   const double scale = unit == "mm" ? 0.001 : 1.0;  // to metres
   tg::belt_choice choice;
-  long long max_points = default_max_points;
-  try {
-    if (belt == "none") {
-      choice.kind = tg::belt_choice::none;
-    } else if (belt != "auto") {
-      double z = 0;
-      try {
-        z = parse_real("--belt", belt, -1e12, 1e12);
-      } catch (const usage_error&) {
-        throw usage_error{"--belt is '" + belt + "', expected auto, none or a height Z"};
-      }
-      choice = tg::belt_choice::at_z(z * scale);
+  if (const std::string belt = a.get("--belt"); belt == "none") {
+    choice.kind = tg::belt_choice::none;
+  } else if (belt != "auto") {
+    double z = 0;
+    try {
+      z = parse_real("--belt", belt, -1e12, 1e12);
+    } catch (const usage_error&) {
+      throw usage_error{"--belt is '" + belt + "', expected auto, none or a height Z"};
     }
-    if (!max_points_text.empty())
-      max_points = parse_integer("--max-points", max_points_text, 1, 1LL << 40);
-  } catch (const usage_error& e) {
-    std::fprintf(stderr, "tightfit measure: %s\n", e.message.c_str());
-    measure_usage(stderr);
-    return 2;
+    choice = tg::belt_choice::at_z(z * scale);
   }
+  const long long max_points = a.integer("--max-points", 1, 1LL << 40);
   // Sizes before allocation: the points a cloud may have, from --max-points and from the memory
   // this process may use at measure_bytes_per_point (the reader checks the file's count first).
   const std::uint64_t memory = memory_limit_bytes();
@@ -338,6 +299,13 @@ int measure(int argc, char** argv) {
                 all.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
   // exit 1: a cloud could not be measured; 3: a measurement is not trustworthy (status)
   return errors ? 1 : untrusted ? 3 : 0;
+}
+
+}  // namespace
+
+int measure(int argc, char** argv) {
+  return with_arguments(measure_command(), argc, argv,
+                        [](const arguments& a) { return run_measure(a); });
 }
 
 }  // namespace tightfit::cli

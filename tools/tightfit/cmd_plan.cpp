@@ -14,17 +14,36 @@
 
 namespace tightfit::cli {
 
-namespace {
+namespace {}  // namespace
 
-constexpr const char* plan_usage =
-    "usage: tightfit plan (--model DIR | --preset NAME) --seq T --budget BYTES [--batch B]\n"
-    "                     [--dtype f32|f64] [--chunk N] [--max-seq N]\n"
-    "  BYTES accepts a suffix K, M, G, T (powers of 1024), below 2^64. Prints the largest "
-    "power-of-two chunk\n"
-    "  whose StreamBP peak fits at T, and the largest T each schedule reaches within the budget\n"
-    "  (activation bytes: parameters and gradients not included). Presets: qwen3-bench, small,\n"
-    "  qwen3-0.6b, qwen3-4b, qwen3-8b, qwen2.5-0.5b, qwen2.5-7b, llama3-8b, llama3.1-8b,\n"
-    "  gemma3-4b.\n";
+/// plan's options (args.hpp).
+const command_spec& plan_command() {
+  static const command_spec spec = [] {
+    command_spec c;
+    c.name = "plan";
+    c.synopsis = "(--model DIR | --preset NAME) --seq T --budget BYTES [options]";
+    c.options = {
+        {"--model", "DIR", "a Hugging Face model folder (its config.json)"},
+        {"--preset", "NAME",
+         "qwen3-bench, small, qwen3-0.6b, qwen3-4b, qwen3-8b, qwen2.5-0.5b, qwen2.5-7b, "
+         "llama3-8b, llama3.1-8b or gemma3-4b"},
+        {"--seq", "T", "the sequence length planned for"},
+        {"--budget", "BYTES", "the activation budget (K, M, G, T: powers of 1024; below 2^64)"},
+        {"--batch", "B", "rows", "1"},
+        {"--dtype", "NAME", "f32 or f64", "f32"},
+        {"--chunk", "N", "the chunk of the longest-T search", "512"},
+        {"--max-seq", "N", "the longest T searched", "4194304"},
+    };
+    c.notes =
+        "Prints the largest power-of-two chunk whose StreamBP peak fits at T, and the largest T\n"
+        "each schedule reaches within the budget (activation bytes: parameters and gradients\n"
+        "not included).\n";
+    return c;
+  }();
+  return spec;
+}
+
+namespace {
 
 template <class T>
 int run_plan(const model_config& cfg, index_t batch, index_t seq, std::size_t budget, index_t chunk,
@@ -77,38 +96,34 @@ int run_plan(const model_config& cfg, index_t batch, index_t seq, std::size_t bu
 }  // namespace
 
 int plan(int argc, char** argv) {
-  return with_arguments(
-      argc, argv,
-      {"--model", "--preset", "--seq", "--budget", "--batch", "--dtype", "--chunk", "--max-seq"},
-      {}, plan_usage, [](const arguments& a) {
-        if (a.has("--model") == a.has("--preset"))
-          throw usage_error{"give exactly one of --model DIR and --preset NAME"};
-        if (!a.has("--seq") || !a.has("--budget"))
-          throw usage_error{"--seq and --budget are required"};
-        // Every value is an argument error (exit 2) before any file is read.
-        constexpr long long big = 1LL << 62;
-        const index_t seq = a.integer("--seq", 0, 1, big), batch = a.integer("--batch", 1, 1, big);
-        const index_t chunk = a.integer("--chunk", 512, 1, big);
-        const index_t max_seq = a.integer("--max-seq", 1 << 22, 1, big);
-        const std::size_t budget = parse_bytes("--budget", a.get("--budget"));
-        const std::string dtype = a.get("--dtype", "f32");
-        if (dtype != "f32" && dtype != "f64")
-          throw usage_error{"--dtype expects f32 or f64, got '" + dtype + "'"};
-        // The planner prices B x T tokens by a closed form (no allocation per token): the count
-        // itself must stay an index (at most 2^62).
-        for (const auto& [key, t] : {std::pair<std::string, index_t>{"--seq", seq},
-                                     std::pair<std::string, index_t>{"--max-seq", max_seq}}) {
-          const auto tokens =
-              checked_product({static_cast<std::uint64_t>(t), static_cast<std::uint64_t>(batch)});
-          if (!tokens || *tokens > static_cast<std::uint64_t>(big))
-            throw usage_error{key + " " + std::to_string(t) + " x --batch " +
-                              std::to_string(batch) + " is more than 2^62 tokens"};
-        }
-        const model_config cfg =
-            a.has("--model") ? load_hf_config(a.get("--model")) : preset_config(a.get("--preset"));
-        if (dtype == "f32") return run_plan<float>(cfg, batch, seq, budget, chunk, max_seq, "f32");
-        return run_plan<double>(cfg, batch, seq, budget, chunk, max_seq, "f64");
-      });
+  return with_arguments(plan_command(), argc, argv, [](const arguments& a) {
+    if (a.has("--model") == a.has("--preset"))
+      throw usage_error{"give exactly one of --model DIR and --preset NAME"};
+    if (!a.has("--seq") || !a.has("--budget")) throw usage_error{"--seq and --budget are required"};
+    // Every value is an argument error (exit 2) before any file is read.
+    constexpr long long big = 1LL << 62;
+    const index_t seq = a.integer("--seq", 0, 1, big), batch = a.integer("--batch", 1, big);
+    const index_t chunk = a.integer("--chunk", 1, big);
+    const index_t max_seq = a.integer("--max-seq", 1, big);
+    const std::size_t budget = parse_bytes("--budget", a.get("--budget"));
+    const std::string dtype = a.get("--dtype");
+    if (dtype != "f32" && dtype != "f64")
+      throw usage_error{"--dtype expects f32 or f64, got '" + dtype + "'"};
+    // The planner prices B x T tokens by a closed form (no allocation per token): the count
+    // itself must stay an index (at most 2^62).
+    for (const auto& [key, t] : {std::pair<std::string, index_t>{"--seq", seq},
+                                 std::pair<std::string, index_t>{"--max-seq", max_seq}}) {
+      const auto tokens =
+          checked_product({static_cast<std::uint64_t>(t), static_cast<std::uint64_t>(batch)});
+      if (!tokens || *tokens > static_cast<std::uint64_t>(big))
+        throw usage_error{key + " " + std::to_string(t) + " x --batch " + std::to_string(batch) +
+                          " is more than 2^62 tokens"};
+    }
+    const model_config cfg =
+        a.has("--model") ? load_hf_config(a.get("--model")) : preset_config(a.get("--preset"));
+    if (dtype == "f32") return run_plan<float>(cfg, batch, seq, budget, chunk, max_seq, "f32");
+    return run_plan<double>(cfg, batch, seq, budget, chunk, max_seq, "f64");
+  });
 }
 
 }  // namespace tightfit::cli

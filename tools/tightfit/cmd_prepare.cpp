@@ -24,6 +24,7 @@
 
 #include "args.hpp"
 #include "commands.hpp"
+#include "config_file.hpp"
 #include "output_paths.hpp"
 
 #if defined(TIGHTFIT_HAS_TEXT) && TIGHTFIT_HAS_TEXT
@@ -40,42 +41,64 @@
 
 namespace tightfit::cli {
 
-namespace {
-
-const char* prepare_usage =
-    "usage: tightfit prepare --tokenizer DIR --data rows.jsonl --out batch.safetensors [options]\n"
-    "  --tokenizer DIR        tokenizer.json + tokenizer_config.json (a Hugging Face model dir)\n"
-    "  --data FILE            JSON lines: text | prompt + completion | messages |\n"
-    "                         prompt + chosen + rejected (dpo) | prompt + completions + rewards\n"
-    "                         (grpo)\n"
-    "  --out FILE             the token batch file (safetensors)\n"
-    "  --objective NAME       sft, dpo or grpo (default: from the first row's fields)\n"
-    "  --model DIR            check every token id against DIR/config.json's vocab_size\n"
-    "  --vocab-size N         the same check against N\n"
-    "  --max-length N         tokens per sequence (default 1024); longer ones are truncated\n"
-    "  --truncation-mode M    keep_start (default) or keep_end\n"
-    "  --packing              best-fit decreasing into rows of --max-length, with position_ids\n"
-    "  --padding-free         rows of --max-length in data set order, with position_ids\n"
-    "  --completion-only-loss B  true (default) or false: labels only on completions\n"
-    "  --assistant-only-loss  labels only on the assistant's turns of messages rows\n"
-    "  --enable-thinking B    Qwen3 chat format: true or false (default: the template's)\n"
-    "  --date-string D        Llama 3.2 chat format: the system header's date, e.g. '26 Jul 2024'\n"
-    "                         (default: today, as transformers renders it)\n"
-    "  --scale-rewards S      grpo: group (default, (r - mean) / (std + 1e-4)) or none\n"
-    "  --shuffle              shuffle the rows (with --seed, default 0) before the split\n"
-    "  --seed N               the shuffle's seed\n"
-    "  --eval-split F         the fraction of rows (0 < F < 1) written to --eval-out\n"
-    "  --eval-out FILE        the evaluation batch file\n"
-    "  --quiet                no progress line\n";
-
-}  // namespace
+/// prepare's options (args.hpp); a --config file's keys are TRL's names (config_file.hpp).
+const command_spec& prepare_command() {
+  static const command_spec spec = [] {
+    command_spec c;
+    c.name = "prepare";
+    c.synopsis = "--tokenizer DIR --data rows.jsonl --out batch.safetensors [options]";
+    c.options = {
+        {"--tokenizer", "DIR",
+         "tokenizer.json + tokenizer_config.json (a Hugging Face model folder)"},
+        {"--data", "FILE",
+         "JSON lines: text | prompt + completion | messages | prompt + chosen + rejected (dpo) | "
+         "prompt + completions + rewards (grpo)"},
+        {"--out", "FILE", "the token batch file written (safetensors)"},
+        {"--objective", "NAME", "sft, dpo or grpo (default: from the first row's fields)"},
+        {"--model", "DIR", "check every token id against DIR/config.json's vocab_size"},
+        {"--vocab-size", "N", "the same check against N"},
+        {"--max-length", "N", "tokens per sequence; longer ones are truncated", "1024",
+         "max_length"},
+        {"--truncation-mode", "NAME", "keep_start or keep_end", "keep_start", "truncation_mode"},
+        {"--packing", "", "best-fit decreasing into rows of --max-length, with position_ids", "",
+         "packing"},
+        {"--padding-free", "", "rows of --max-length in data set order, with position_ids", "",
+         "padding_free"},
+        {"--completion-only-loss", "B", "true or false: labels only on completions", "true",
+         "completion_only_loss"},
+        {"--assistant-only-loss", "", "labels only on the assistant's turns of messages rows", "",
+         "assistant_only_loss"},
+        {"--enable-thinking", "B",
+         "the Qwen3 chat format's variable: true or false (default: the template's)", "",
+         "enable_thinking"},
+        {"--date-string", "D",
+         "the Llama 3.2 chat format's system date, e.g. '26 Jul 2024' (default: today, as "
+         "transformers renders it)"},
+        {"--scale-rewards", "NAME", "grpo: group ((r - mean) / (std + 1e-4)) or none", "group",
+         "scale_rewards"},
+        {"--shuffle", "", "shuffle the rows (with --seed) before the split"},
+        {"--seed", "N", "the shuffle's seed", "0", "seed"},
+        {"--eval-split", "F", "the fraction of rows (0 < F < 1) written to --eval-out"},
+        {"--eval-out", "FILE", "the evaluation batch file"},
+        {"--quiet", "", "no progress line"},
+        {"--config", "FILE",
+         "options from a flat JSON or YAML file with TRL's names (the config keys above); "
+         "train's keys are skipped; the command line overrides the file"},
+    };
+    c.config = [](const std::string& path, const command_spec& self) {
+      return read_config(path, self, train_command());
+    };
+    return c;
+  }();
+  return spec;
+}
 
 #if !(defined(TIGHTFIT_HAS_TEXT) && TIGHTFIT_HAS_TEXT)
 
 int prepare(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
-      std::fputs(prepare_usage, stdout);
+      std::fputs(help_text(prepare_command()).c_str(), stdout);
       return 0;
     }
   std::fprintf(stderr,
@@ -294,7 +317,6 @@ prepare_options parse_options(const arguments& a) {
   prepare_options o;
   for (const char* key : {"--tokenizer", "--data", "--out"})
     if (!a.has(key)) throw usage_error{std::string(key) + " is required"};
-  if (!a.positional().empty()) throw usage_error{"unexpected argument " + a.positional()[0]};
   o.tokenizer = a.get("--tokenizer");
   o.data = a.get("--data");
   o.out = a.get("--out");
@@ -305,8 +327,8 @@ prepare_options parse_options(const arguments& a) {
     throw usage_error{"--model and --vocab-size both give the vocabulary: pass one"};
   if (a.has("--model")) o.model = a.get("--model");
   o.vocab = a.integer("--vocab-size", 0, 1, index_t{1} << 40);
-  o.max_length = a.integer("--max-length", 1024, 1, index_t{1} << 30);
-  const std::string side = a.get("--truncation-mode", "keep_start");
+  o.max_length = a.integer("--max-length", 1, index_t{1} << 30);
+  const std::string side = a.get("--truncation-mode");
   if (side != "keep_start" && side != "keep_end")
     throw usage_error{"--truncation-mode is '" + side + "', expected keep_start or keep_end"};
   o.side = side == "keep_end" ? text::truncation::keep_end : text::truncation::keep_start;
@@ -314,19 +336,21 @@ prepare_options parse_options(const arguments& a) {
   o.padding_free = a.has("--padding-free");
   if (o.packing && o.padding_free)
     throw usage_error{"--packing and --padding-free are two layouts: pass one"};
-  if (a.has("--completion-only-loss"))
-    o.completion_only = parse_bool("--completion-only-loss", a.get("--completion-only-loss"));
+  o.completion_only =
+      parse_bool(a.label("--completion-only-loss"), a.get("--completion-only-loss"));
   o.assistant_only = a.has("--assistant-only-loss");
   if (a.has("--enable-thinking"))
-    o.enable_thinking = parse_bool("--enable-thinking", a.get("--enable-thinking"));
+    o.enable_thinking = parse_bool(a.label("--enable-thinking"), a.get("--enable-thinking"));
   o.date_string = a.get("--date-string");
-  const std::string scale = a.get("--scale-rewards", "group");
+  const std::string scale = a.get("--scale-rewards");
   if (scale != "group" && scale != "none")
     throw usage_error{"--scale-rewards is '" + scale + "', expected group or none"};
   o.scale_rewards = scale == "group";
   o.shuffle = a.has("--shuffle");
-  if (a.has("--seed") && !o.shuffle) throw usage_error{"--seed is the seed of --shuffle"};
-  o.seed = static_cast<std::uint64_t>(a.integer("--seed", 0, 0, (index_t{1} << 62)));
+  // a config file's seed (one file may serve train too) is not an error without --shuffle
+  if (a.has("--seed") && !o.shuffle && a.origin("--seed").empty())
+    throw usage_error{"--seed is the seed of --shuffle"};
+  o.seed = static_cast<std::uint64_t>(a.integer("--seed", 0, (index_t{1} << 62)));
   o.eval_split = a.real("--eval-split", 0, 0, 1);
   if (a.has("--eval-split") != a.has("--eval-out"))
     throw usage_error{"--eval-split and --eval-out go together"};
@@ -612,15 +636,6 @@ std::string quantity(double v) {
   return buf;
 }
 
-// clang-format off
-const std::set<std::string> prepare_valued{
-    "--tokenizer", "--data", "--out", "--objective", "--model", "--vocab-size", "--max-length",
-    "--truncation-mode", "--completion-only-loss", "--enable-thinking", "--scale-rewards",
-    "--seed", "--eval-split", "--eval-out", "--date-string"};
-// clang-format on
-const std::set<std::string> prepare_flags{"--packing", "--padding-free", "--assistant-only-loss",
-                                          "--shuffle", "--quiet"};
-
 int run_prepare(const prepare_options& opt_in) {
   prepare_options o = opt_in;
   const auto t0 = std::chrono::steady_clock::now();
@@ -824,7 +839,7 @@ int run_prepare(const prepare_options& opt_in) {
 }  // namespace
 
 int prepare(int argc, char** argv) {
-  return with_arguments(argc, argv, prepare_valued, prepare_flags, prepare_usage,
+  return with_arguments(prepare_command(), argc, argv,
                         [](const arguments& a) { return run_prepare(parse_options(a)); });
 }
 

@@ -50,96 +50,157 @@
 
 namespace tightfit::cli {
 
-namespace {
-
-void train_usage(std::FILE* out) {
-  std::fprintf(
-      out,
-      "usage: tightfit train (--model DIR | --preset NAME) --data FILE\n"
-      "         --optimizer adam|adamw|sgd|badam|bread-sgd|bread-lora|lora [options]\n"
-      "  --preset NAME        tiny, or a preset of nn/presets.hpp (qwen3-bench, small, ...)\n"
-      "  --objective O        sft, dpo or grpo (default sft)\n"
-      "  --data FILE          safetensors; sft: input_ids (N, T), optional labels (N, T) and\n"
-      "                       optional position_ids (N, T): packed rows, positions restarting\n"
-      "                       at 0 at each document (a document attends only to itself);\n"
-      "                       dpo: chosen_/rejected_input_ids, _labels (P, T), optional\n"
-      "                       _attention_mask, ref_chosen_logps / ref_rejected_logps (P);\n"
-      "                       grpo: input_ids, labels (N, T), optional attention_mask,\n"
-      "                       advantages (N) or rewards (N) with --num-generations G,\n"
-      "                       optional ref_logprobs (N, T); reference log-probs the file\n"
-      "                       lacks are computed once by the model as loaded\n"
-      "  --beta, --loss-type, --epsilon-low, ...   the objective's options, as `grad` has them\n"
-      "  --num-generations G  grpo with rewards: G consecutive rows are one prompt's group\n"
-      "  --scale-rewards S    group (default: A = (r - mean) / (std + 1e-4)) or none\n"
-      "  --steps N            optimizer steps (default 100, or what --epochs gives)\n"
-      "  --epochs E           passes over the data set instead of --steps (steps: the\n"
-      "                       smallest count covering E x N rows)\n"
-      "  --shuffle            a seeded permutation of the rows per epoch (--seed; DPO pairs\n"
-      "                       stay together); default: rows in order\n"
-      "  --batch B            rows (dpo: pairs) per micro-batch (and rank) (default 1)\n"
-      "  --grad-accum N       micro-batches per optimizer step (default 1): a step trains on\n"
-      "                       ranks x N x B rows, normalised over all of them (exact)\n"
-      "  --parallel data      data parallel over the ranks of mpirun (needs MPI): each rank\n"
-      "                       trains on its rows of every step; adam/adamw/sgd shard their\n"
-      "                       state (ZeRO-1); rank 0 prints and writes the outputs\n"
-      "  --parallel sequence  sequence parallel over the ranks of mpirun: every rank trains on\n"
-      "                       the B x A rows of each step (A: --grad-accum), each on a share of\n"
-      "                       their positions\n"
-      "                       (--assignment zigzag|contiguous, default zigzag); adam, adamw,\n"
-      "                       sgd (ZeRO-1) and badam; --sched stream or checkpoint\n"
-      "  --dtype f32|f64|bf16 value type of weights, gradients and state (default f32); bf16:\n"
-      "                       --device cuda with adam / adamw, fp32 master weights and moments\n"
-      "  --device cpu|cuda    where to train (default cpu); cuda: the first visible GPU, in\n"
-      "                       f32 (adam, adamw, sgd) or bf16 (adam, adamw), one process (built\n"
-      "                       with -DTIGHTFIT_WITH_CUDA=ON); not with --grad-accum > 1,\n"
-      "                       --resume or --save-state\n"
-      "  --lr X               learning rate of the update rule (default 1e-3; sgd 1e-2)\n"
-      "  --weight-decay X     adamw: decoupled (default 0.01); adam, sgd: L2 (default 0)\n"
-      "  --adam-beta1 X, --adam-beta2 X, --adam-epsilon X   (defaults 0.9, 0.999, 1e-8)\n"
-      "  --schedule S         constant | warmup:W | cosine | cosine:W (default constant)\n"
-      "  --total-steps N      the schedule's horizon (default: steps already done + --steps;\n"
-      "                       give the whole run's length when it is split with --resume)\n"
-      "  --max-grad-norm X    clip gradients to global norm X (default 0: off); --clip X too\n"
-      "  --chunk N            StreamBP chunk (default 512); --sched full|checkpoint|stream\n"
-      "  --switch-every K     steps per block (default 50)\n"
-      "  --order O            ascending|descending|random|fixed (default random)\n"
-      "  --start-block NAME   first block, e.g. layer.3 (required by fixed)\n"
-      "  --embedding-block, --head-block   train embedding / head as blocks too\n"
-      "  --bread-lr X         BREAD-SGD step (default 1e-5) / BREAD-LoRA adapter lr (1e-4)\n"
-      "  --bread-scope S      partial|all (default partial); --sign (signSGD)\n"
-      "  --rank R             BREAD-LoRA rank (default 8); --loraplus R (lr ratio, default 1)\n"
-      "  --lora-rank R        LoRA (--optimizer lora): rank (default 8); --lora-alpha A (default\n"
-      "                       16; scale A / R, or A / sqrt(R) with --rslora); --lora-dropout 0\n"
-      "  --target-modules M   q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj (any of\n"
-      "                       them, comma-separated) or all-linear (default q_proj,v_proj)\n"
-      "  --adapter DIR        LoRA: start from this PEFT adapter (its adapter_config.json gives\n"
-      "                       rank, alpha and targets)\n"
-      "  --seed S             model initialisation (presets) and block order seed (default 1)\n"
-      "  --eval-data FILE     sft: a token data set evaluated (loss, perplexity; forward\n"
-      "                       only) every --eval-steps N steps and after the last one\n"
-      "  --log FILE           JSON lines, one per step: loss, lr, grad_norm (when clipping),\n"
-      "                       tokens, tokens/s, seconds, peak bytes\n"
-      "  --save-state FILE    checkpoint (weights + optimizer state) at the end; with\n"
-      "                       --parallel data and a sharded state, rank r > 0 writes FILE.rankR\n"
-      "  --resume FILE|DIR    continue from a checkpoint (saved with as many ranks): a state\n"
-      "                       file, a checkpoint-N folder, or an --output-dir (its newest)\n"
-      "  --output-dir DIR     where --save-steps writes checkpoint-N/ folders\n"
-      "  --save-steps N       a checkpoint every N steps (state + trainer_state.json)\n"
-      "  --save-total-limit K keep the K newest checkpoints (default all)\n"
-      "  --deterministic      same bits on every run (the two-pass attention backward, 1.4x its\n"
-      "                       matmul work): a resumed run then matches the uninterrupted one\n"
-      "  --save-model DIR     write the trained model: model.safetensors (shards + index.json\n"
-      "                       above 5 GB) in --model's dtypes, its config.json, its generation\n"
-      "                       and tokenizer files copied; LoRA: the adapter\n"
-      "                       (adapter_model.safetensors + adapter_config.json)\n"
-      "  --merge-out DIR      LoRA: merge the adapters into the weights (W += s B A) and write\n"
-      "                       the merged model as --save-model does\n"
-      "  --quiet              no progress line\n"
-      "  --config FILE        options from a flat JSON or YAML file with TRL's names\n"
-      "                       (learning_rate, per_device_train_batch_size, beta, loss_type,\n"
-      "                       ...); the command line overrides it. Every option also takes\n"
-      "                       the form --key=value\n");
+/// train's options (args.hpp: the parser, --help and docs/tool.md's table come from them); a
+/// --config file's keys are TRL's names (config_file.hpp).
+const command_spec& train_command() {
+  static const command_spec spec = [] {
+    command_spec c;
+    c.name = "train";
+    c.synopsis =
+        "(--model DIR | --preset NAME) --data FILE --optimizer "
+        "adam|adamw|sgd|badam|bread-sgd|bread-lora|lora [options]";
+    c.options = {
+        {"--model", "DIR", "a Hugging Face model folder: config.json and safetensors weights", "",
+         "model_name_or_path"},
+        {"--preset", "NAME", "tiny (4 layers, hidden 64), or a preset of nn/presets.hpp"},
+        {"--config", "FILE",
+         "options from a flat JSON or YAML file with TRL's names (the config keys of this table); "
+         "prepare's keys are skipped; the command line overrides the file"},
+        {"--objective", "NAME", "sft, dpo or grpo", "sft"},
+        {"--data", "FILE",
+         "the training data (safetensors). sft: input_ids (N, T), optional labels and "
+         "position_ids (packed rows); dpo: chosen_/rejected_input_ids and _labels (P, T), "
+         "optional _attention_mask, ref_chosen_logps / ref_rejected_logps (P); grpo: input_ids, "
+         "labels (N, T), optional attention_mask, advantages (N) or rewards (N) with "
+         "--num-generations, optional ref_logprobs (N, T). Reference log-probs the file lacks are "
+         "computed once by the model as loaded"},
+        {"--num-generations", "G",
+         "grpo with rewards: G consecutive rows are one prompt's completions", "",
+         "num_generations"},
+        {"--scale-rewards", "NAME",
+         "grpo with rewards: group ((r - mean) / (std + 1e-4)) or none (r - mean)", "group",
+         "scale_rewards"},
+        {"--optimizer", "NAME",
+         "adam, adamw, sgd, badam (BAdam: one block of layers at a time), bread-sgd, bread-lora "
+         "(BREAD: the inactive layers updated too), lora (PEFT's LoRA)",
+         "", "optim"},
+        {"--lr", "X",
+         "the update rule's learning rate (default TRL's: 2e-5 for sft, 1e-6 for dpo and grpo)", "",
+         "learning_rate"},
+        {"--weight-decay", "X", "adamw: decoupled; adam, sgd: an L2 term", "0", "weight_decay"},
+        {"--adam-beta1", "X", "Adam's beta1 (adam, adamw, badam, BREAD's Adam)", "0.9",
+         "adam_beta1"},
+        {"--adam-beta2", "X", "Adam's beta2", "0.999", "adam_beta2"},
+        {"--adam-epsilon", "X", "Adam's epsilon", "1e-8", "adam_epsilon"},
+        {"--max-grad-norm", "X", "clip the gradients to this global norm (0: off)", "1",
+         "max_grad_norm"},
+        {"--clip", "X", "", "", "", "--max-grad-norm"},
+        {"--schedule", "NAME",
+         "the learning-rate schedule: constant, warmup:W, cosine or cosine:W (W warmup steps)",
+         "constant"},
+        {"--total-steps", "N",
+         "the schedule's horizon (default: the steps already done + --steps; give the whole "
+         "run's length when it is split with --resume)"},
+        {"--steps", "N", "optimizer steps (or what --epochs gives)", "100", "max_steps"},
+        {"--epochs", "E",
+         "passes over the data set instead of --steps: the smallest step count covering E x N rows",
+         "", "num_train_epochs"},
+        {"--shuffle", "",
+         "each epoch's rows in a permutation drawn from --seed and the epoch (dpo pairs stay "
+         "together); without it rows come in order"},
+        {"--batch", "B", "rows (dpo: pairs) per micro-batch and rank", "1",
+         "per_device_train_batch_size"},
+        {"--grad-accum", "N",
+         "micro-batches per optimizer step: a step trains on ranks x N x B rows, normalised over "
+         "all of them (exact)",
+         "1", "gradient_accumulation_steps"},
+        {"--sched", "NAME",
+         "the backward schedule: full, checkpoint (gradient checkpointing) or stream (StreamBP)",
+         "stream"},
+        {"--chunk", "N", "StreamBP's chunk of positions", "512"},
+        {"--deterministic", "",
+         "the same bits on every run (the two-pass attention backward, 1.4x its matmul work): a "
+         "resumed run then matches the unbroken one"},
+        {"--switch-every", "K", "badam, BREAD: steps per block", "50"},
+        {"--order", "NAME", "the block order: ascending, descending, random or fixed", "random"},
+        {"--start-block", "NAME", "the first block, e.g. layer.3 (needed by --order fixed)"},
+        {"--embedding-block", "", "train the embedding as a block too"},
+        {"--head-block", "", "train the LM head as a block too"},
+        {"--bread-lr", "X",
+         "BREAD-SGD's step of the inactive layers (default 1e-5), BREAD-LoRA's adapter learning "
+         "rate (default 1e-4)"},
+        {"--bread-scope", "NAME", "BREAD: partial or all layers updated in the backward",
+         "partial"},
+        {"--sign", "", "BREAD-SGD: signSGD"},
+        {"--rank", "R", "BREAD-LoRA's rank", "8"},
+        {"--loraplus", "R", "BREAD-LoRA: LoRA+'s ratio of B's learning rate to A's", "1"},
+        {"--lora-rank", "R", "lora: the adapters' rank r", "8", "lora_r"},
+        {"--lora-alpha", "A", "lora: the scale is A / r (A / sqrt(r) with --rslora)", "16",
+         "lora_alpha"},
+        {"--rslora", "", "lora: rsLoRA's scale A / sqrt(r)", "", "use_rslora"},
+        {"--lora-dropout", "P", "lora: PEFT's dropout on the adapters' input (only 0 for now)", "0",
+         "lora_dropout"},
+        {"--target-modules", "LIST",
+         "lora: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (comma-separated) "
+         "or all-linear",
+         "q_proj,v_proj", "lora_target_modules"},
+        {"--adapter", "DIR",
+         "lora: start from this PEFT adapter (its adapter_config.json gives rank, alpha, dropout "
+         "and targets)"},
+        {"--merge-out", "DIR",
+         "lora: merge the adapters into the weights (W += s B A) and write the model as "
+         "--save-model does"},
+        {"--parallel", "MODE",
+         "under mpirun (needs MPI): data (each rank its rows of every step; adam, adamw, sgd "
+         "shard their state, ZeRO-1) or sequence (every rank all rows, each a share of their "
+         "positions); rank 0 prints and writes the outputs"},
+        {"--assignment", "NAME", "--parallel sequence: zigzag (default) or contiguous"},
+        {"--device", "NAME",
+         "cpu, or cuda: the first visible GPU, one process, adam / adamw / sgd (a build with "
+         "-DTIGHTFIT_WITH_CUDA=ON)",
+         "cpu"},
+        {"--dtype", "NAME",
+         "weights, gradients and state: f32 or f64; bf16 with --device cuda (adam, adamw; fp32 "
+         "master weights and moments)",
+         "f32"},
+        {"--seed", "S", "the model's initialisation (presets), the block order and --shuffle", "1",
+         "seed"},
+        {"--eval-data", "FILE",
+         "sft: a token data set evaluated (loss, perplexity; forward only) every --eval-steps "
+         "steps and after the last"},
+        {"--eval-steps", "N", "steps between evaluations", "", "eval_steps"},
+        {"--log", "FILE",
+         "JSON lines, one per step: loss, lr, grad_norm (when clipping), tokens, tokens/s, "
+         "seconds, peak bytes"},
+        {"--output-dir", "DIR", "where --save-steps writes checkpoint-N/ folders", "",
+         "output_dir"},
+        {"--save-steps", "N", "a checkpoint (state + trainer_state.json) every N steps", "",
+         "save_steps"},
+        {"--save-total-limit", "K", "keep the K newest checkpoints (default all)", "",
+         "save_total_limit"},
+        {"--save-state", "FILE",
+         "the weights and optimizer state at the end; with --parallel data and a sharded state, "
+         "rank r > 0 writes FILE.rankR"},
+        {"--resume", "FILE|DIR",
+         "continue from a state file, a checkpoint-N folder or an --output-dir (its newest), "
+         "saved by as many ranks",
+         "", "resume_from_checkpoint"},
+        {"--save-model", "DIR",
+         "the trained model: model.safetensors (shards + index above 5 GB) in --model's dtypes, "
+         "its config.json, generation and tokenizer files; lora: the adapter"},
+        {"--quiet", "", "no progress line"},
+    };
+    for (const auto& o : objective_options()) c.options.push_back(o);
+    c.config = [](const std::string& path, const command_spec& self) {
+      return read_config(path, self, prepare_command());
+    };
+    c.notes = "Every option also takes the = form: --lr=2e-5.\n";
+    return c;
+  }();
+  return spec;
 }
+
+namespace {
 
 /// "tiny" (a 4-layer, hidden-64 model for quick runs) or a preset of nn/presets.hpp.
 model_config train_preset(const std::string& name) {
@@ -156,38 +217,6 @@ model_config train_preset(const std::string& name) {
   return c;
 }
 
-struct args {
-  std::string output_dir, resume_dir, eval_data;
-  std::int64_t eval_steps = 0;  // resume_dir: the checkpoint folder --resume named
-  std::int64_t save_steps = 0, save_total_limit = 0;
-  std::string model, preset, data, optimizer,
-      objective = "sft", scale_rewards = "group", schedule = "constant", order = "random",
-      start_block, log, save_state, resume, save_model, sched = "stream", scope = "partial",
-      parallel, assignment, dtype = "f32", device = "cpu", adapter, merge_out;
-  std::optional<index_t> lora_rank;
-  std::optional<double> lora_alpha, lora_dropout;
-  std::optional<std::string> target_modules;
-  bool rslora = false;
-  std::int64_t steps = 100, total_steps = 0;  // 0: steps done + steps
-  index_t batch = 1, grad_accum = 1, chunk = 512, switch_every = 50, rank = 8;
-  std::optional<double> lr, bread_lr;
-  double clip = 0, loraplus = 1;
-  std::optional<double> weight_decay, adam_beta1, adam_beta2, adam_epsilon, epochs;
-  index_t num_generations = 0;  // 0: not given
-  bool steps_given = false, shuffle = false;
-  /// The objective's options (--beta, --loss-type, ...), as `grad` reads them.
-  std::vector<std::string> objective_options{"train"};
-  arguments objective_arguments() const {
-    std::vector<char*> argv;
-    for (const auto& o : objective_options) argv.push_back(const_cast<char*>(o.c_str()));
-    return arguments(static_cast<int>(argv.size()), argv.data(), objective_valued_options(),
-                     objective_flags());
-  }
-  std::uint64_t seed = 1;
-  bool embedding_block = false, head_block = false, sign = false, quiet = false;
-  bool deterministic = false;
-};
-
 /// Counts (steps, batch, chunk, ...) are at most 2^62; sizes that need memory are checked
 /// against it once the model is known.
 constexpr long long big = 1LL << 62;
@@ -196,15 +225,115 @@ constexpr double max_lr = 1e3;
 /// The largest LoRA rank (--lora-rank, and r of an --adapter's adapter_config.json).
 constexpr index_t max_lora_rank = 1 << 16;
 
+/// The options of a run, read from the command line (train_command() declares them and their
+/// defaults).
+struct args {
+  std::string output_dir, eval_data;
+  std::string resume_dir;  // the checkpoint folder --resume named
+  std::int64_t eval_steps = 0, save_steps = 0, save_total_limit = 0;  // 0: not given
+  std::string model, preset, data, optimizer, objective, scale_rewards, schedule, order,
+      start_block, log, save_state, resume, save_model, sched, scope, parallel, assignment, dtype,
+      device, adapter, merge_out, target_modules;
+  index_t lora_rank = 0;
+  double lora_alpha = 0, lora_dropout = 0;
+  bool rslora = false, lora_options_given = false;  // one of the LoRA options given
+  std::int64_t steps = 0, total_steps = 0;          // total_steps 0: steps done + steps
+  index_t batch = 0, grad_accum = 0, chunk = 0, switch_every = 0, rank = 0;
+  std::optional<double> lr, bread_lr;  // not given: TRL's (lr) or the library's default
+  double clip = 0, loraplus = 0, weight_decay = 0, adam_beta1 = 0, adam_beta2 = 0, adam_epsilon = 0;
+  std::optional<double> epochs;
+  index_t num_generations = 0;  // 0: not given
+  bool steps_given = false, shuffle = false;
+  std::uint64_t seed = 0;
+  bool embedding_block = false, head_block = false, sign = false, quiet = false;
+  bool deterministic = false;
+  /// Every option as parsed: the objective's (--beta, --loss-type, ...) are read from it as
+  /// `grad` reads them.
+  std::optional<arguments> options;
+  const arguments& objective_arguments() const { return *options; }
+};
+
+/// The run's options from the parsed command line; malformed values are usage errors naming them.
+args read_train_args(const arguments& x) {
+  args a;
+  a.options.emplace(x);
+  for (auto [field, key] : {std::pair{&a.model, "--model"},
+                            {&a.preset, "--preset"},
+                            {&a.data, "--data"},
+                            {&a.optimizer, "--optimizer"},
+                            {&a.objective, "--objective"},
+                            {&a.scale_rewards, "--scale-rewards"},
+                            {&a.schedule, "--schedule"},
+                            {&a.order, "--order"},
+                            {&a.start_block, "--start-block"},
+                            {&a.log, "--log"},
+                            {&a.save_state, "--save-state"},
+                            {&a.resume, "--resume"},
+                            {&a.save_model, "--save-model"},
+                            {&a.sched, "--sched"},
+                            {&a.scope, "--bread-scope"},
+                            {&a.parallel, "--parallel"},
+                            {&a.assignment, "--assignment"},
+                            {&a.dtype, "--dtype"},
+                            {&a.device, "--device"},
+                            {&a.adapter, "--adapter"},
+                            {&a.merge_out, "--merge-out"},
+                            {&a.target_modules, "--target-modules"},
+                            {&a.output_dir, "--output-dir"},
+                            {&a.eval_data, "--eval-data"}})
+    *field = x.get(key);
+  a.eval_steps = x.has("--eval-steps") ? x.integer("--eval-steps", 1, big) : 0;
+  a.save_steps = x.has("--save-steps") ? x.integer("--save-steps", 1, big) : 0;
+  a.save_total_limit = x.has("--save-total-limit") ? x.integer("--save-total-limit", 1, big) : 0;
+  a.lora_rank = x.integer("--lora-rank", 1, max_lora_rank);
+  a.lora_alpha = x.real("--lora-alpha", 1e-12, 1e12);
+  a.lora_dropout = x.real("--lora-dropout", 0, 1);
+  a.rslora = x.has("--rslora");
+  for (const char* k :
+       {"--lora-rank", "--lora-alpha", "--lora-dropout", "--target-modules", "--rslora"})
+    a.lora_options_given = a.lora_options_given || x.has(k);
+  a.grad_accum = x.integer("--grad-accum", 1, big);
+  a.steps = x.integer("--steps", 0, big);
+  a.steps_given = x.has("--steps");
+  if (x.has("--epochs")) a.epochs = x.real("--epochs", 1e-9, 1e9);
+  a.shuffle = x.has("--shuffle");
+  if (x.has("--num-generations")) a.num_generations = x.integer("--num-generations", 2, big);
+  a.weight_decay = x.real("--weight-decay", 0, 1e6);
+  a.adam_beta1 = x.real("--adam-beta1", 0, 0.999999999);
+  a.adam_beta2 = x.real("--adam-beta2", 0, 0.999999999);
+  a.adam_epsilon = x.real("--adam-epsilon", 1e-300, 1);
+  if (x.has("--total-steps")) a.total_steps = x.integer("--total-steps", 1, big);
+  a.batch = x.integer("--batch", 1, big);
+  a.chunk = x.integer("--chunk", 1, big);
+  a.switch_every = x.integer("--switch-every", 1, big);
+  a.rank = x.integer("--rank", 1, 1 << 16);
+  a.seed = static_cast<std::uint64_t>(x.integer("--seed", 0, big));
+  if (x.has("--lr")) a.lr = x.real("--lr", 0, max_lr);
+  if (x.has("--bread-lr")) a.bread_lr = x.real("--bread-lr", 0, max_lr);
+  a.clip = x.real("--max-grad-norm", 0, 1e12);
+  a.loraplus = x.real("--loraplus", 1e-6, 1e6);
+  a.embedding_block = x.has("--embedding-block");
+  a.head_block = x.has("--head-block");
+  a.sign = x.has("--sign");
+  a.quiet = x.has("--quiet");
+  a.deterministic = x.has("--deterministic");
+  return a;
+}
+
+/// TRL's default learning rate of the objective (SFTConfig 2e-5; DPOConfig, GRPOConfig 1e-6).
+double trl_learning_rate(const std::string& objective) {
+  return objective == "sft" ? 2e-5 : 1e-6;
+}
+
 /// The LoRA configuration of the options (without --adapter); throws tightfit::error naming a bad
 /// value (dropout other than 0, an unknown module).
 lora_config cli_lora_config(const args& a) {
   lora_config c;
-  c.rank = a.lora_rank.value_or(8);
-  c.alpha = a.lora_alpha.value_or(16);
-  c.dropout = a.lora_dropout.value_or(0);
+  c.rank = a.lora_rank;
+  c.alpha = a.lora_alpha;
+  c.dropout = a.lora_dropout;
   c.use_rslora = a.rslora;
-  c.target_modules = split_target_modules(a.target_modules.value_or("q_proj,v_proj"));
+  c.target_modules = split_target_modules(a.target_modules);
   c.seed = a.seed;
   c.validate();
   return c;
@@ -241,14 +370,12 @@ void validate(const args& a) {
   if (a.epochs && !a.resume.empty())
     throw usage_error{"--epochs counts from the start; a resumed run gives --steps"};
   const bool lora = a.optimizer == "lora";
-  const bool lora_given = a.lora_rank || a.lora_alpha || a.lora_dropout || a.target_modules ||
-                          a.rslora || !a.adapter.empty() || !a.merge_out.empty();
+  const bool lora_given = a.lora_options_given || !a.adapter.empty() || !a.merge_out.empty();
   if (!lora && lora_given)
     throw usage_error{
         "--lora-rank, --lora-alpha, --lora-dropout, --target-modules, --rslora, --adapter and "
         "--merge-out are options of --optimizer lora"};
-  if (lora && !a.adapter.empty() &&
-      (a.lora_rank || a.lora_alpha || a.lora_dropout || a.target_modules || a.rslora))
+  if (lora && !a.adapter.empty() && a.lora_options_given)
     throw usage_error{"--adapter " + a.adapter +
                       ": rank, alpha, dropout and targets come from its adapter_config.json "
                       "(drop --lora-rank, --lora-alpha, --lora-dropout, --target-modules, "
@@ -416,16 +543,17 @@ struct progress_if_shown {
   }
 };
 
-/// `rule` with the options' --lr, --weight-decay and (Adam, AdamW) --adam-beta1, --adam-beta2,
+/// `rule` with the options' --lr (TRL's default), --weight-decay and (Adam, AdamW) --adam-beta1,
+/// --adam-beta2,
 /// --adam-epsilon; checked by the rule's validate() (a bad value: tightfit::error naming it).
 template <class Rule>
 Rule with_hyperparameters(Rule rule, const args& a) {
-  if (a.lr) rule.lr = *a.lr;
-  if (a.weight_decay) rule.weight_decay = *a.weight_decay;
+  rule.lr = a.lr.value_or(trl_learning_rate(a.objective));
+  rule.weight_decay = a.weight_decay;
   if constexpr (requires { rule.beta1; }) {
-    if (a.adam_beta1) rule.beta1 = *a.adam_beta1;
-    if (a.adam_beta2) rule.beta2 = *a.adam_beta2;
-    if (a.adam_epsilon) rule.eps = *a.adam_epsilon;
+    rule.beta1 = a.adam_beta1;
+    rule.beta2 = a.adam_beta2;
+    rule.eps = a.adam_epsilon;
   }
   rule.validate();
   return rule;
@@ -635,175 +763,20 @@ int run(const args& a, Comm& comm);
 
 }  // namespace
 
-/// The options of `--config FILE` (config_file.hpp) followed by the command line's, which so
-/// override them; `origin` names the config key each option came from (empty: the command line).
-std::vector<std::string> expand_config(int argc, char** argv, std::vector<std::string>& origin) {
-  std::vector<std::string> config, given;
-  for (int i = 1; i < argc; ++i) {
-    const std::string f = argv[i];
-    if (f != "--config") {
-      given.push_back(f);
-      continue;
-    }
-    if (i + 1 >= argc) throw usage_error{"--config needs a value"};
-    const std::string path = argv[++i];
-    for (const auto& o : train_config_options(path)) {
-      config.push_back(o.name);
-      origin.push_back("--config " + path + " key '" + o.key + "'");
-      if (!o.flag) {
-        config.push_back(o.value);
-        origin.push_back(origin.back());
-      }
-    }
-  }
-  origin.resize(origin.size() + given.size());
-  config.insert(config.end(), given.begin(), given.end());
-  return config;
-}
-
 int train(int argc, char** argv) {
+  const command_spec& spec = train_command();
   args a;
   try {  // a missing or malformed option value is a usage error (exit 2)
-    std::vector<std::string> origin;
-    const std::vector<std::string> items = expand_config(argc, argv, origin);
-    const auto count = static_cast<int>(items.size());
-    bool epochs_from_config = false, steps_from_config = false;
-    for (int i = 0; i < count; ++i) {
-      const std::string f = items[static_cast<std::size_t>(i)];
-      const std::string from = origin[static_cast<std::size_t>(i)].empty()
-                                   ? ""
-                                   : " (" + origin[static_cast<std::size_t>(i)] + ")";
-      auto value = [&]() -> std::string {
-        if (i + 1 >= count) throw usage_error{f + " needs a value"};
-        return items[static_cast<std::size_t>(++i)];
-      };
-      if (f == "--help" || f == "-h") {
-        train_usage(stdout);
-        return 0;
-      } else if (f == "--model") {
-        a.model = value();
-      } else if (f == "--preset") {
-        a.preset = value();
-      } else if (f == "--data") {
-        a.data = value();
-      } else if (f == "--optimizer") {
-        a.optimizer = value();
-      } else if (f == "--schedule") {
-        a.schedule = value();
-      } else if (f == "--sched") {
-        a.sched = value();
-      } else if (f == "--order") {
-        a.order = value();
-      } else if (f == "--start-block") {
-        a.start_block = value();
-      } else if (f == "--log") {
-        a.log = value();
-      } else if (f == "--save-state") {
-        a.save_state = value();
-      } else if (f == "--resume") {
-        a.resume = value();
-      } else if (f == "--eval-data") {
-        a.eval_data = value();
-      } else if (f == "--eval-steps") {
-        a.eval_steps = parse_integer(f, value(), 1, big);
-      } else if (f == "--output-dir") {
-        a.output_dir = value();
-      } else if (f == "--save-steps") {
-        a.save_steps = parse_integer(f, value(), 1, big);
-      } else if (f == "--save-total-limit") {
-        a.save_total_limit = parse_integer(f, value(), 1, big);
-      } else if (f == "--save-model") {
-        a.save_model = value();
-      } else if (f == "--bread-scope") {
-        a.scope = value();
-      } else if (f == "--parallel") {
-        a.parallel = value();
-      } else if (f == "--assignment") {
-        a.assignment = value();
-      } else if (f == "--dtype") {
-        a.dtype = value();
-      } else if (f == "--device") {
-        a.device = value();
-      } else if (f == "--adapter") {
-        a.adapter = value();
-      } else if (f == "--merge-out") {
-        a.merge_out = value();
-      } else if (f == "--target-modules") {
-        a.target_modules = value();
-      } else if (f == "--lora-rank") {
-        a.lora_rank = parse_integer(f, value(), 1, max_lora_rank);
-      } else if (f == "--lora-alpha") {
-        a.lora_alpha = parse_real(f, value(), 1e-12, 1e12);
-      } else if (f == "--lora-dropout") {
-        a.lora_dropout = parse_real(f, value(), 0, 1);
-      } else if (f == "--rslora") {
-        a.rslora = true;
-      } else if (f == "--grad-accum") {
-        a.grad_accum = parse_integer(f, value(), 1, big);
-      } else if (f == "--steps") {  // on the command line, it overrides a config's epochs
-        a.steps = parse_integer(f, value(), 0, big);
-        a.steps_given = true;
-        steps_from_config = !from.empty();
-        if (from.empty() && epochs_from_config) a.epochs.reset();
-      } else if (f == "--epochs") {
-        a.epochs = parse_real(f, value(), 1e-9, 1e9);
-        epochs_from_config = !from.empty();
-        if (from.empty() && steps_from_config) a.steps_given = false;
-      } else if (f == "--shuffle") {
-        a.shuffle = true;
-      } else if (f == "--objective") {
-        a.objective = value();
-      } else if (f == "--num-generations") {
-        a.num_generations = parse_integer(f, value(), 2, big);
-      } else if (f == "--scale-rewards") {
-        a.scale_rewards = value();
-      } else if (objective_valued_options().contains(f)) {
-        a.objective_options.push_back(f);
-        a.objective_options.push_back(value());
-      } else if (objective_flags().contains(f)) {
-        a.objective_options.push_back(f);
-      } else if (f == "--weight-decay") {
-        a.weight_decay = parse_real(f, value(), 0, 1e6);
-      } else if (f == "--adam-beta1") {
-        a.adam_beta1 = parse_real(f, value(), 0, 0.999999999);
-      } else if (f == "--adam-beta2") {
-        a.adam_beta2 = parse_real(f, value(), 0, 0.999999999);
-      } else if (f == "--adam-epsilon") {
-        a.adam_epsilon = parse_real(f, value(), 1e-300, 1);
-      } else if (f == "--total-steps") {
-        a.total_steps = parse_integer(f, value(), 1, big);
-      } else if (f == "--batch") {
-        a.batch = parse_integer(f, value(), 1, big);
-      } else if (f == "--chunk") {
-        a.chunk = parse_integer(f, value(), 1, big);
-      } else if (f == "--switch-every") {
-        a.switch_every = parse_integer(f, value(), 1, big);
-      } else if (f == "--rank") {
-        a.rank = parse_integer(f, value(), 1, 1 << 16);
-      } else if (f == "--seed") {
-        a.seed = static_cast<std::uint64_t>(parse_integer(f, value(), 0, big));
-      } else if (f == "--lr") {
-        a.lr = parse_real(f, value(), 0, max_lr);
-      } else if (f == "--bread-lr") {
-        a.bread_lr = parse_real(f, value(), 0, max_lr);
-      } else if (f == "--clip" || f == "--max-grad-norm") {
-        a.clip = parse_real(f, value(), 0, 1e12);
-      } else if (f == "--loraplus") {
-        a.loraplus = parse_real(f, value(), 1e-6, 1e6);
-      } else if (f == "--embedding-block") {
-        a.embedding_block = true;
-      } else if (f == "--head-block") {
-        a.head_block = true;
-      } else if (f == "--sign") {
-        a.sign = true;
-      } else if (f == "--quiet") {
-        a.quiet = true;
-      } else if (f == "--deterministic") {
-        a.deterministic = true;
-      } else {
-        throw usage_error{"unknown option '" + f + "'" + from};
-      }
+    arguments x(spec, argc, argv);
+    if (x.help()) {
+      std::fputs(help_text(spec).c_str(), stdout);
+      return 0;
     }
+    // --steps on the command line overrides a config file's epochs, and --epochs its max_steps
+    if (x.has("--steps") && x.has("--epochs") &&
+        x.origin("--steps").empty() != x.origin("--epochs").empty())
+      x.erase(x.origin("--steps").empty() ? "--epochs" : "--steps");
+    a = read_train_args(x);
     if (!a.resume.empty()) {  // a folder: its (newest) checkpoint's state file
       const std::string file = resume_state_file(a.resume);
       const auto folder = std::filesystem::path(file).parent_path();
@@ -813,16 +786,10 @@ int train(int argc, char** argv) {
     validate(a);
     check_paths(a);
   } catch (const usage_error& e) {
-    if (!launched_rank_above_0()) {
-      std::fprintf(stderr, "tightfit train: %s\n", e.message.c_str());
-      train_usage(stderr);
-    }
+    print_usage_error(spec, e.message);
     return 2;
   } catch (const error& e) {
-    if (!launched_rank_above_0()) {
-      std::fprintf(stderr, "tightfit train: %s\n", e.what());
-      train_usage(stderr);
-    }
+    print_usage_error(spec, e.what());
     return 2;
   }
 

@@ -1,23 +1,21 @@
-// `--config FILE` of `tightfit train`: a flat JSON object or YAML mapping whose keys are TRL's
-// (and transformers' TrainingArguments') names, turned into the command's own options, which the
-// command line then overrides (it comes after). Examples: learning_rate -> --lr,
-// per_device_train_batch_size -> --batch, gradient_accumulation_steps -> --grad-accum,
-// num_train_epochs -> --epochs, max_steps -> --steps (ignored when <= 0, as TRL does),
-// lr_scheduler_type + warmup_steps -> --schedule (constant, constant_with_warmup, cosine),
-// beta, loss_type, epsilon -> --epsilon-low, ... (config_options below). Any other key k becomes
-// --k with '_' as '-' (optimizer, objective, chunk, sched, ...), so an option the command does
-// not have is an error naming the file and the key. Keys of the data step (max_length,
-// truncation_mode, packing, ...: `tightfit prepare` tokenizes and cuts the rows) are named on
-// stderr as not this command's and skipped. true adds a flag, false leaves it out.
+// `--config FILE` of `tightfit train` and `tightfit prepare`: a flat JSON object or YAML mapping
+// whose keys are TRL's (and transformers' TrainingArguments') names, turned into the command's
+// own options, which the command line then overrides (it comes after). Each option declares its
+// TRL name (option_spec::trl, args.hpp): learning_rate -> --lr, per_device_train_batch_size ->
+// --batch, num_train_epochs -> --epochs, max_steps -> --steps (ignored when <= 0, as TRL does),
+// epsilon -> --epsilon-low, ...; lr_scheduler_type + warmup_steps -> --schedule (constant,
+// constant_with_warmup, cosine). Any other key k is the option --k with '_' as '-' (optimizer,
+// objective, chunk, max_length, ...), so an option the command does not have is an error naming
+// the file and the key; a key of the other command (train's learning_rate in prepare's config,
+// prepare's max_length in train's) is named on stderr and skipped, so one file serves both.
+// true adds a flag, false leaves it out.
 // YAML: one `key: value` per line, `#` comments; nesting, lists and anchors are refused.
 #pragma once
 
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
-#include <map>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -26,14 +24,6 @@
 #include "args.hpp"
 
 namespace tightfit::cli {
-
-/// One option of a config file: --name value (value empty: a flag).
-struct config_option {
-  std::string key;  ///< the file's key, for messages
-  std::string name;
-  std::string value;
-  bool flag = false;
-};
 
 /// A scalar of a flat config: its text, and whether it is a boolean.
 struct config_scalar {
@@ -133,70 +123,47 @@ inline std::vector<std::pair<std::string, config_scalar>> read_flat_config(
   return out;
 }
 
-/// TRL's / TrainingArguments' names of `tightfit train`'s options.
-inline const std::map<std::string, std::string>& train_config_names() {
-  static const std::map<std::string, std::string> names{
-      {"learning_rate", "--lr"},
-      {"per_device_train_batch_size", "--batch"},
-      {"gradient_accumulation_steps", "--grad-accum"},
-      {"num_train_epochs", "--epochs"},
-      {"max_steps", "--steps"},
-      {"max_grad_norm", "--max-grad-norm"},
-      {"weight_decay", "--weight-decay"},
-      {"adam_beta1", "--adam-beta1"},
-      {"adam_beta2", "--adam-beta2"},
-      {"adam_epsilon", "--adam-epsilon"},
-      {"seed", "--seed"},
-      {"output_dir", "--output-dir"},
-      {"save_steps", "--save-steps"},
-      {"save_total_limit", "--save-total-limit"},
-      {"resume_from_checkpoint", "--resume"},
-      {"model_name_or_path", "--model"},
-      {"epsilon", "--epsilon-low"},
-      {"optim", "--optimizer"},
-  };
-  return names;
+/// The option of `command` a config key names: the option whose TRL name it is, else the
+/// option --key with '_' as '-' when the command has it; empty when none.
+inline std::string dashed(std::string key) {
+  std::replace(key.begin(), key.end(), '_', '-');
+  return key;
+}
+inline std::string option_of_config_key(const command_spec& command, const std::string& key) {
+  for (const auto& o : command.options)
+    if (o.trl == key) return std::string(o.name);
+  const std::string name = concat("--", dashed(key));
+  return command.find(name) != nullptr ? name : std::string();
 }
 
-/// Keys of the data step (`tightfit prepare`), skipped by train with a note.
-inline const std::set<std::string>& prepare_config_keys() {
-  static const std::set<std::string> keys{
-      "max_length",    "max_prompt_length",    "truncation_mode",     "packing",
-      "padding_free",  "completion_only_loss", "assistant_only_loss", "dataset_text_field",
-      "dataset_name",  "eval_split",           "enable_thinking",     "chat_template_path",
-      "max_seq_length"};
-  return keys;
-}
-
-/// The options `--config path` gives `tightfit train` (see the top comment).
-inline std::vector<config_option> train_config_options(const std::string& path) {
+/// The options `--config path` gives `command` (see the top comment). Keys of `sibling` (train's
+/// in prepare's config and back: one file may serve both) are named on stderr and skipped.
+inline std::vector<config_option> read_config(const std::string& path, const command_spec& command,
+                                              const command_spec& sibling) {
   std::vector<config_option> out;
   std::string scheduler, warmup;
+  const bool schedules = command.find("--schedule") != nullptr;
   for (const auto& [key, v] : read_flat_config(path)) {
-    if (prepare_config_keys().contains(key)) {
-      std::fprintf(stderr,
-                   "tightfit train: --config %s: '%s' is tightfit prepare's (the data's "
-                   "rows are tokenized and cut there); skipped\n",
-                   path.c_str(), key.c_str());
-      continue;
-    }
-    if (key == "lr_scheduler_type") {
+    if (schedules && key == "lr_scheduler_type") {
       scheduler = v.text;
       continue;
     }
-    if (key == "warmup_steps") {
+    if (schedules && key == "warmup_steps") {
       warmup = v.text;
       continue;
     }
-    if (key == "max_steps" && !v.is_bool && !v.text.empty() && v.text[0] == '-') continue;
-    std::string name;
-    if (const auto it = train_config_names().find(key); it != train_config_names().end()) {
-      name = it->second;
-    } else {
-      name = "--" + key;
-      for (auto& c : name)
-        if (c == '_') c = '-';
+    const std::string name = option_of_config_key(command, key);
+    if (name.empty()) {
+      const bool theirs = !option_of_config_key(sibling, key).empty() ||
+                          (key == "lr_scheduler_type" || key == "warmup_steps");
+      if (!theirs)
+        throw usage_error{concat("--config ", path, ": unknown option '--", dashed(key), "' (key '",
+                                 key, "'): tightfit ", command.name, " has no such option")};
+      std::fprintf(stderr, "tightfit %s: --config %s: '%s' is tightfit %s's; skipped\n",
+                   command.name.c_str(), path.c_str(), key.c_str(), sibling.name.c_str());
+      continue;
     }
+    if (key == "max_steps" && !v.is_bool && !v.text.empty() && v.text[0] == '-') continue;
     std::string value = v.text;
     if (key == "optim") {  // transformers' optimizer names
       if (value.rfind("adamw", 0) == 0)
@@ -206,13 +173,15 @@ inline std::vector<config_option> train_config_options(const std::string& path) 
                           "' has no tightfit optimizer (adamw_torch, adamw_*, adam, sgd; or give "
                           "tightfit's 'optimizer')"};
     }
-    if (key == "scale_rewards" && v.is_bool) {
-      out.push_back({key, name, v.truth ? "group" : "none", false});
-      continue;
-    }
-    if (v.is_bool) {
+    const option_spec* o = command.find(name);
+    if (v.is_bool && !o->flag()) {  // a boolean for a valued option: scale_rewards, ...
+      value = name == "--scale-rewards" ? (v.truth ? "group" : "none") : v.truth ? "true" : "false";
+    } else if (v.is_bool) {
       if (v.truth) out.push_back({key, name, "", true});
       continue;
+    } else if (o->flag()) {
+      throw usage_error{"--config " + path + ": key '" + key + "' is a flag: true or false, got '" +
+                        v.text + "'"};
     }
     out.push_back({key, name, value, false});
   }
@@ -223,9 +192,7 @@ inline std::vector<config_option> train_config_options(const std::string& path) 
   if (!scheduler.empty() || !warmup.empty()) {
     const std::string w = warmup.empty() || warmup == "0" ? "" : ":" + warmup;
     std::string s;
-    if (scheduler.empty() || scheduler == "constant")
-      s = w.empty() ? "constant" : "warmup" + w;
-    else if (scheduler == "constant_with_warmup")
+    if (scheduler.empty() || scheduler == "constant" || scheduler == "constant_with_warmup")
       s = w.empty() ? "constant" : "warmup" + w;
     else if (scheduler == "cosine")
       s = "cosine" + w;

@@ -3,8 +3,6 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <string>
-#include <vector>
 
 #include "commands.hpp"
 #include "cpu_features.hpp"
@@ -23,19 +21,46 @@ void usage(std::FILE* out) {
                "  train     training: Adam(W), SGD, BAdam, BREAD, LoRA; data / sequence parallel\n"
                "  prepare   JSONL text, prompts, chats or preferences to token batch files\n"
                "  eval      loss and perplexity of a model on a token data set (forward only)\n"
+               "  help      a command's options (help CMD), or their docs table (help CMD "
+               "--markdown)\n"
                "run 'tightfit <command> --help' for the options of a command\n");
 }
 
 struct command {
   const char* name;
   int (*run)(int, char**);
+  const tightfit::cli::command_spec& (*spec)();
 };
 
-constexpr command commands[] = {
-    {"grad", tightfit::cli::grad},       {"logprobs", tightfit::cli::logprobs},
-    {"bench", tightfit::cli::bench},     {"plan", tightfit::cli::plan},
-    {"measure", tightfit::cli::measure}, {"train", tightfit::cli::train},
-    {"prepare", tightfit::cli::prepare}, {"eval", tightfit::cli::eval}};
+namespace cli = tightfit::cli;
+constexpr command commands[] = {{"grad", cli::grad, cli::grad_command},
+                                {"logprobs", cli::logprobs, cli::logprobs_command},
+                                {"bench", cli::bench, cli::bench_command},
+                                {"plan", cli::plan, cli::plan_command},
+                                {"measure", cli::measure, cli::measure_command},
+                                {"train", cli::train, cli::train_command},
+                                {"prepare", cli::prepare, cli::prepare_command},
+                                {"eval", cli::eval, cli::eval_command}};
+
+/// `tightfit help CMD [--markdown]`: the command's help, or its options as docs/tool.md's table.
+int help(int argc, char** argv) {
+  constexpr const char* help_usage =
+      "usage: tightfit help CMD [--markdown] (CMD: a command of tightfit --help)\n";
+  if (argc == 3 && (std::strcmp(argv[2], "--help") == 0 || std::strcmp(argv[2], "-h") == 0)) {
+    std::fputs(help_usage, stdout);
+    return 0;
+  }
+  const bool markdown = argc == 4 && std::strcmp(argv[3], "--markdown") == 0;
+  if (argc == 3 || markdown)
+    for (const auto& c : commands)
+      if (std::strcmp(argv[2], c.name) == 0) {
+        const auto& spec = c.spec();
+        std::fputs((markdown ? cli::markdown_options(spec) : cli::help_text(spec)).c_str(), stdout);
+        return 0;
+      }
+  std::fputs(help_usage, stderr);
+  return 2;
+}
 
 }  // namespace
 
@@ -48,23 +73,7 @@ int main(int argc, char** argv) {
     usage(stdout);
     return 0;
   }
-  // --key=value is --key value, for every command
-  std::vector<std::string> split;
-  for (int i = 0; i < argc; ++i) {
-    const std::string a = argv[i];
-    const auto eq = a.find('=');
-    if (i >= 2 && a.rfind("--", 0) == 0 && eq != std::string::npos && eq > 2) {
-      split.push_back(a.substr(0, eq));
-      split.push_back(a.substr(eq + 1));
-    } else {
-      split.push_back(a);
-    }
-  }
-  std::vector<char*> args;
-  for (auto& s : split) args.push_back(s.data());
-  args.push_back(nullptr);
-  argc = static_cast<int>(split.size());
-  argv = args.data();
+  if (std::strcmp(argv[1], "help") == 0) return help(argc, argv);
   for (const auto& c : commands) {
     if (std::strcmp(argv[1], c.name) == 0) {
       tightfit::cli::warn_if_built_without_cpu_extensions();

@@ -5,7 +5,6 @@
 #pragma once
 
 #include <initializer_list>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -16,25 +15,39 @@
 
 namespace tightfit::cli {
 
-/// The valued options of the objectives (every one applies to grpo or dpo, or both).
-inline const std::set<std::string>& objective_valued_options() {
-  static const std::set<std::string> keys{"--beta",
-                                          "--epsilon-low",
-                                          "--epsilon-high",
-                                          "--loss-type",
-                                          "--label-smoothing",
-                                          "--max-completion-length",
-                                          "--importance-sampling-level",
-                                          "--delta",
-                                          "--eos-token-id",
-                                          "--rpo-alpha",
-                                          "--simpo-gamma"};
-  return keys;
-}
-/// The objectives' flags.
-inline const std::set<std::string>& objective_flags() {
-  static const std::set<std::string> keys{"--mask-truncated-completions"};
-  return keys;
+/// The objectives' options, TRL's names (their defaults depend on the objective, so the text
+/// says them).
+inline std::vector<option_spec> objective_options() {
+  return {
+      {"--beta", "B",
+       "grpo: the KL term's weight (default 0); dpo: the preference temperature (default 0.1; "
+       "ORPO's lambda)",
+       "", "beta"},
+      {"--loss-type", "NAME",
+       "grpo: grpo, bnpo, dapo or dr_grpo (default grpo); dpo: sigmoid, ipo, hinge, simpo or orpo "
+       "(default sigmoid; simpo and orpo need no reference)",
+       "", "loss_type"},
+      {"--epsilon-low", "E", "grpo: the ratio's lower clip 1 - E, E in [0, 1) (default 0.2)", "",
+       "epsilon"},
+      {"--epsilon-high", "E", "grpo: the ratio's upper clip 1 + E (default: --epsilon-low)", "",
+       "epsilon_high"},
+      {"--max-completion-length", "L",
+       "grpo, dr_grpo: the constant the loss divides by (default T)", "", "max_completion_length"},
+      {"--importance-sampling-level", "LEVEL",
+       "grpo: token (default) or sequence (GSPO: one ratio per completion)", "",
+       "importance_sampling_level"},
+      {"--delta", "D", "grpo: the ratio's upper bound, D > 1 (default none)", "", "delta"},
+      {"--mask-truncated-completions", "",
+       "grpo: a completion whose last token is not one of --eos-token-id adds no loss", "",
+       "mask_truncated_completions"},
+      {"--eos-token-id", "ID[,ID...]", "grpo: the tokens that end a complete completion"},
+      {"--label-smoothing", "S", "dpo: sigmoid and simpo's label smoothing in [0, 0.5] (default 0)",
+       "", "label_smoothing"},
+      {"--rpo-alpha", "A", "dpo: the weight of an NLL term on the chosen tokens (default 0)", "",
+       "rpo_alpha"},
+      {"--simpo-gamma", "G", "dpo, simpo: the target reward margin (default 0.5)", "",
+       "simpo_gamma"},
+  };
 }
 
 /// A comma-separated list of token ids (--eos-token-id 2 or 2,151645), each in [0, 2^31).

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "args.hpp"
 #include "tightfit/backend/eigen.hpp"
 #include "tightfit/backend/meta.hpp"
 #include "tightfit/core/limits.hpp"
@@ -53,30 +54,11 @@ using backend = eigen_backend<float>;
 /// the memory check below is the real limit.
 inline constexpr long long max_count = 1LL << 40;
 
-/// Thrown for a wrong option value: the driver prints it and exits 2 before anything runs.
-struct bench_usage {
-  std::string message;
-};
+using cli::usage_error;
 
-/// An integer in [1, max_count]: decimal digits, or an exact integer written with an exponent
-/// (1e4); anything else is a bench_usage naming the option and the value.
+/// An integer in [1, max_count] (cli::parse_integer: a usage_error naming the option otherwise).
 index_t parse_count(const std::string& key, const std::string& text) {
-  long long v = 0;
-  const char* end = text.data() + text.size();
-  const auto [ptr, ec] = std::from_chars(text.data(), end, v);
-  if (text.empty() || ec == std::errc::invalid_argument || ptr != end) {
-    char* stop = nullptr;
-    const double d = text.empty() ? 0.0 : std::strtod(text.c_str(), &stop);
-    if (text.empty() || stop != text.c_str() + text.size() || !std::isfinite(d) ||
-        d != std::floor(d))
-      throw bench_usage{key + " expects a positive integer, got '" + text + "'"};
-    if (d < 1 || d > static_cast<double>(max_count))
-      throw bench_usage{key + " is " + text + ", outside [1, " + std::to_string(max_count) + "]"};
-    v = static_cast<long long>(d);
-  }
-  if (ec == std::errc::result_out_of_range || v < 1 || v > max_count)
-    throw bench_usage{key + " is " + text + ", outside [1, " + std::to_string(max_count) + "]"};
-  return static_cast<index_t>(v);
+  return static_cast<index_t>(cli::parse_integer(key, text, 1, max_count));
 }
 
 std::vector<index_t> parse_list(const std::string& s) {
@@ -84,7 +66,7 @@ std::vector<index_t> parse_list(const std::string& s) {
   std::stringstream in(s);
   std::string item;
   while (std::getline(in, item, ',')) out.push_back(parse_count("--seq", item));
-  if (out.empty()) throw bench_usage{"--seq is empty, expected a list like 2048,4096"};
+  if (out.empty()) throw usage_error{"--seq is empty, expected a list like 2048,4096"};
   return out;
 }
 std::vector<std::string> parse_names(const std::string& s) {
@@ -249,56 +231,60 @@ void print_row(const row& r, index_t batch) {
 
 /// The options of the driver, every one validated by parse_options before anything runs.
 struct bench_options {
-  std::vector<index_t> seqs{2048, 4096, 8192, 16384};
-  std::vector<std::string> scheds{"full", "checkpoint", "stream"};
-  std::string preset_name = "qwen3-bench", csv, objective = "sft";
-  index_t chunk = 512, batch = 1;
+  std::vector<index_t> seqs;
+  std::vector<std::string> scheds;
+  std::string preset_name, csv, objective;
+  index_t chunk = 0, batch = 0;
   bool single = false, compare = false;
 };
 
-constexpr const char* bench_usage_text =
-    "usage: bench_stream [--seq LIST] [--schedules LIST] [--chunk N] [--batch B] "
-    "[--preset qwen3-bench|small] [--csv FILE] [--compare] [--objective sft|grpo|dpo]\n";
+/// The driver's options (the tool's `bench stream` adds --device and --dtype).
+inline cli::command_spec stream_bench_command() {
+  cli::command_spec c;
+  c.name = "bench stream";
+  c.synopsis = "[--seq LIST] [--schedules LIST] [options]";
+  c.options = {
+      {"--seq", "LIST", "the sequence lengths, comma-separated", "2048,4096,8192,16384"},
+      {"--schedules", "LIST",
+       "full, checkpoint, stream, or checkpoint-kK / stream-kK (every K-th layer input kept), "
+       "comma-separated",
+       "full,checkpoint,stream"},
+      {"--chunk", "N", "StreamBP's chunk of positions", "512"},
+      {"--batch", "B", "rows (dpo: B/2 chosen, B/2 rejected)", "1"},
+      {"--preset", "NAME", "the model: qwen3-bench, small or another preset of nn/presets.hpp",
+       "qwen3-bench"},
+      {"--objective", "NAME", "sft, grpo or dpo", "sft"},
+      {"--csv", "FILE", "the rows also as CSV"},
+      {"--compare", "", "in one process: also the largest gradient difference to full"},
+      {"--single", "", "one row measured in this process (what each row's child process runs)"},
+  };
+  c.notes =
+      "StreamBP against checkpointing and full backprop: peak activation bytes, bytes per token,\n"
+      "peak RSS (each row in its own process), time and GFLOP/s next to the machine's GEMM rate.\n";
+  return c;
+}
 
-/// Parses and validates every option (bench_usage naming the value otherwise): sequence
+/// Parses and validates every option (a usage_error naming the value otherwise): sequence
 /// lengths, chunk and batch in [1, 2^40], schedule, preset and objective names, an even batch
 /// for dpo, a writable --csv, and each row's predicted memory (parameters, gradients and the
 /// planner's peak activation bytes) against what this process may use.
-inline bench_options parse_options(int argc, char** argv) {
+inline bench_options parse_options(const cli::arguments& a) {
   bench_options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw bench_usage{a + " needs a value"};
-      return argv[++i];
-    };
-    if (a == "--seq")
-      o.seqs = parse_list(next());
-    else if (a == "--schedules")
-      o.scheds = parse_names(next());
-    else if (a == "--chunk")
-      o.chunk = parse_count(a, next());
-    else if (a == "--batch")
-      o.batch = parse_count(a, next());
-    else if (a == "--preset")
-      o.preset_name = next();
-    else if (a == "--csv")
-      o.csv = next();
-    else if (a == "--objective")
-      o.objective = next();
-    else if (a == "--single")
-      o.single = true;
-    else if (a == "--compare")
-      o.compare = true;
-    else
-      throw bench_usage{"unknown option '" + a + "'"};
-  }
+  o.seqs = parse_list(a.get("--seq"));
+  o.scheds = parse_names(a.get("--schedules"));
+  o.chunk = parse_count("--chunk", a.get("--chunk"));
+  o.batch = parse_count("--batch", a.get("--batch"));
+  o.preset_name = a.get("--preset");
+  o.csv = a.get("--csv", "");
+  o.objective = a.get("--objective");
+  o.single = a.has("--single");
+  o.compare = a.has("--compare");
   if (o.objective != "sft" && o.objective != "grpo" && o.objective != "dpo")
-    throw bench_usage{"--objective expects sft, grpo or dpo, got '" + o.objective + "'"};
+    throw usage_error{"--objective expects sft, grpo or dpo, got '" + o.objective + "'"};
   if (o.objective == "dpo" && o.batch % 2 != 0)
-    throw bench_usage{"--objective dpo needs an even --batch (pairs), got " +
+    throw usage_error{"--objective dpo needs an even --batch (pairs), got " +
                       std::to_string(o.batch)};
-  if (o.scheds.empty()) throw bench_usage{"--schedules is empty"};
+  if (o.scheds.empty()) throw usage_error{"--schedules is empty"};
   model_config cfg;
   try {
     cfg = preset_config(o.preset_name);
@@ -310,19 +296,19 @@ inline bench_options parse_options(int argc, char** argv) {
             "': the full schedule keeps every activation");
     }
   } catch (const error& e) {
-    throw bench_usage{e.what()};
+    throw usage_error{e.what()};
   }
   if (!o.csv.empty()) {
     namespace fs = std::filesystem;
     std::error_code ec;
     const fs::path csv = o.csv;
     const fs::path dir = csv.parent_path().empty() ? fs::path(".") : csv.parent_path();
-    if (fs::is_directory(csv, ec)) throw bench_usage{"--csv '" + o.csv + "' is a directory"};
+    if (fs::is_directory(csv, ec)) throw usage_error{"--csv '" + o.csv + "' is a directory"};
     if (!fs::is_directory(dir, ec) || ::access(dir.c_str(), W_OK | X_OK) != 0)
-      throw bench_usage{"--csv '" + o.csv + "' cannot be written: '" + dir.string() +
+      throw usage_error{"--csv '" + o.csv + "' cannot be written: '" + dir.string() +
                         "' is not a writable directory"};
     if (fs::exists(csv, ec) && ::access(csv.c_str(), W_OK) != 0)
-      throw bench_usage{"--csv '" + o.csv + "' is not writable"};
+      throw usage_error{"--csv '" + o.csv + "' is not writable"};
   }
   // Memory before anything runs: every row against what this process may use.
   const std::uint64_t limit = memory_limit_bytes();
@@ -336,7 +322,7 @@ inline bench_options parse_options(int argc, char** argv) {
     const auto tokens = checked_product(
         {static_cast<std::uint64_t>(o.batch), static_cast<std::uint64_t>(seq), std::uint64_t{64}});
     if (!tokens || *tokens > limit)
-      throw bench_usage{"--seq " + std::to_string(seq) + " x --batch " + std::to_string(o.batch) +
+      throw usage_error{"--seq " + std::to_string(seq) + " x --batch " + std::to_string(o.batch) +
                         " tokens need more than the " + byte_string(limit) +
                         " this process may use (physical memory, ulimit -v / -d)"};
     for (const auto& name : o.scheds) {
@@ -349,7 +335,7 @@ inline bench_options parse_options(int argc, char** argv) {
           predict_peak_activation_bytes<float>(cfg, o.batch, seq, bo, sft_loss{}) + *tokens +
           2 * params;
       if (need > limit)
-        throw bench_usage{"--seq " + std::to_string(seq) + " (schedule " + name + ") needs " +
+        throw usage_error{"--seq " + std::to_string(seq) + " (schedule " + name + ") needs " +
                           byte_string(need) +
                           " (parameters, gradients, activations), more than the " +
                           byte_string(limit) + " this process may use"};
@@ -399,14 +385,7 @@ inline child_output run_child(const std::vector<std::string>& args) {
 
 /// The driver; self_argv re-executes this driver (the child measurements add --single and one
 /// (schedule, T) as separate arguments: no shell is involved).
-inline int stream_bench_main(int argc, char** argv, const std::vector<std::string>& self_argv) {
-  bench_options opts;
-  try {
-    opts = parse_options(argc, argv);
-  } catch (const bench_usage& e) {
-    std::fprintf(stderr, "bench_stream: %s\n%s", e.message.c_str(), bench_usage_text);
-    return 2;
-  }
+inline int stream_bench_run(const bench_options& opts, const std::vector<std::string>& self_argv) {
   const auto& [seq_list, sched_list, preset_name, csv, objective, chunk, batch, single, compare] =
       opts;
   try {
@@ -528,6 +507,30 @@ inline int stream_bench_main(int argc, char** argv, const std::vector<std::strin
     return 1;
   }
   return 0;
+}
+
+/// bench_stream's main: the options parsed (exit 2 naming a wrong one), then the run; self_argv
+/// re-executes this driver for each row.
+inline int stream_bench_main(int argc, char** argv, const std::vector<std::string>& self_argv) {
+  static const cli::command_spec spec = [] {
+    cli::command_spec c = stream_bench_command();
+    c.program = "bench_stream";
+    c.name.clear();
+    return c;
+  }();
+  bench_options opts;
+  try {
+    const cli::arguments a(spec, argc, argv);
+    if (a.help()) {
+      std::fputs(cli::help_text(spec).c_str(), stdout);
+      return 0;
+    }
+    opts = parse_options(a);
+  } catch (const usage_error& e) {
+    std::fprintf(stderr, "bench_stream: %s\n%s", e.message.c_str(), spec.usage().c_str());
+    return 2;
+  }
+  return stream_bench_run(opts, self_argv);
 }
 
 }  // namespace tightfit::bench
