@@ -178,6 +178,98 @@ TEST_CASE("train --objective dpo: step one is grad's, the references are logprob
   CHECK(last < first - 0.1);
 }
 
+TEST_CASE("eval --objective dpo and train --eval-data: grad's loss, TRL's reward metrics") {
+  objectives_fixture f;
+  const auto data = f.dpo(3, "dpo.safetensors");
+  const auto with_ref = f.dir / "dpo_ref.safetensors";
+  auto r = run("logprobs --model " + q(f.model) + " --batch " + q(data) + " --out " + q(with_ref) +
+               " --dtype f64 --chunk 4");
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  // train a little, evaluating the pairs every 2 steps: references from the file and computed by
+  // the tool (the model as loaded) give the same evaluations
+  const auto trained = f.dir / "dpo-evaluated";
+  std::vector<std::vector<nlohmann::json>> evals;
+  for (const auto& [eval_file, name] :
+       {std::pair{with_ref, "given"}, std::pair{data, "computed"}}) {
+    const auto log = f.dir / (std::string("dpo-eval-") + name + ".jsonl");
+    r = run("train --model " + q(f.model) + " --data " + q(data) + " --eval-data " + q(eval_file) +
+            " --eval-steps 2 --objective dpo --beta 0.2 --optimizer adamw --lr 0.02 "
+            "--steps 4 --batch 1 --dtype f64 --chunk 4 --quiet --log " +
+            q(log) + " --save-model " + q(trained));
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+    std::vector<nlohmann::json> lines;
+    for (const auto& j : log_lines(log))
+      if (j.contains("eval_loss")) lines.push_back(j);
+    REQUIRE(lines.size() == 2);  // steps 2 and 4
+    CHECK(lines[0]["step"] == 2);
+    CHECK(lines[1]["step"] == 4);
+    evals.push_back(lines);
+  }
+  for (std::size_t k = 0; k < 2; ++k)
+    for (const char* key : {"eval_loss", "eval_rewards_chosen", "eval_rewards_accuracy"})
+      CHECK(std::abs(evals[0][k][key].get<double>() - evals[1][k][key].get<double>()) < 1e-12);
+  // eval of the trained model: the loss is grad's on the same pairs (--batch 2: passes of 2 and 1
+  // pairs, each its share of the whole set), for losses with and without a per-token term
+  for (const std::string extra : {"", " --loss-type ipo", " --rpo-alpha 0.5"}) {
+    CAPTURE(extra);
+    const auto g = run("grad --model " + q(trained) + " --batch " + q(with_ref) +
+                       " --objective dpo --beta 0.2 --dtype f64 --chunk 4" + extra);
+    REQUIRE_MESSAGE(g.code == 0, g.err);
+    const auto e = run("eval --model " + q(trained) + " --data " + q(with_ref) +
+                       " --objective dpo --beta 0.2 --dtype f64 --chunk 4 --batch 2" + extra);
+    REQUIRE_MESSAGE(e.code == 0, e.err);
+    const auto ej = nlohmann::json::parse(e.out);
+    const double expected = nlohmann::json::parse(g.out)["loss"].get<double>();
+    CHECK(std::abs(ej["loss"].get<double>() - expected) < 1e-12);
+    CHECK(ej["pairs"] == 3);
+    if (extra.empty())  // train's last evaluation is eval's on the saved model
+      CHECK(std::abs(evals[0][1]["eval_loss"].get<double>() - expected) < 1e-12);
+  }
+  // the rewards: beta (policy sum - reference sum), the policy's sums written by logprobs
+  const auto policy = f.dir / "dpo_policy.safetensors";
+  REQUIRE(run("logprobs --model " + q(trained) + " --batch " + q(data) + " --out " + q(policy) +
+              " --dtype f64 --chunk 4")
+              .code == 0);
+  const auto pf = safetensors_file::open(policy), rf = safetensors_file::open(with_ref);
+  const auto pc = pf.read<double>("ref_chosen_logps"), pr = pf.read<double>("ref_rejected_logps");
+  const auto rc = rf.read<double>("ref_chosen_logps"), rr = rf.read<double>("ref_rejected_logps");
+  double chosen = 0, rejected = 0, accuracy = 0;
+  for (std::size_t i = 0; i < 3; ++i) {
+    chosen += 0.2 * (pc[i] - rc[i]) / 3;
+    rejected += 0.2 * (pr[i] - rr[i]) / 3;
+    accuracy += (pc[i] - rc[i] > pr[i] - rr[i] ? 1.0 : 0.0) / 3;
+  }
+  const auto e = nlohmann::json::parse(run("eval --model " + q(trained) + " --data " + q(with_ref) +
+                                           " --objective dpo --beta 0.2 --dtype "
+                                           "f64 --chunk 4")
+                                           .out);
+  CHECK(std::abs(e["rewards_chosen"].get<double>() - chosen) < 1e-12);
+  CHECK(std::abs(e["rewards_rejected"].get<double>() - rejected) < 1e-12);
+  CHECK(std::abs(e["rewards_margin"].get<double>() - (chosen - rejected)) < 1e-12);
+  CHECK(e["rewards_accuracy"].get<double>() == accuracy);
+  CHECK(chosen - rejected > 0);  // training on these pairs separated them
+  // the model evaluated against itself: rewards 0, the loss log 2
+  const auto self = nlohmann::json::parse(
+      run("eval --model " + q(f.model) + " --data " + q(with_ref) + " --objective dpo --dtype f64")
+          .out);
+  CHECK(std::abs(self["loss"].get<double>() - std::log(2.0)) < 1e-12);
+  CHECK(std::abs(self["rewards_margin"].get<double>()) < 1e-12);
+  // reference-free losses need no reference sums; the others name what is missing; grpo has no
+  // offline evaluation
+  r = run("eval --model " + q(f.model) + " --data " + q(data) +
+          " --objective dpo --loss-type simpo");
+  CHECK_MESSAGE(r.code == 0, r.err);
+  CHECK(nlohmann::json::parse(r.out).contains("rewards_accuracy") == false);
+  r = run("eval --model " + q(f.model) + " --data " + q(data) + " --objective dpo");
+  CHECK(r.code == 1);
+  CHECK(r.err.find("ref_chosen_logps") != std::string::npos);
+  r = run("eval --model " + q(f.model) + " --data " + q(data) + " --objective grpo");
+  CHECK(r.code == 2);
+  r = run("eval --model " + q(f.model) + " --data " + q(data) + " --epsilon-low 0.1");
+  CHECK(r.code == 2);
+  CHECK(r.err.find("--epsilon-low applies to --objective grpo") != std::string::npos);
+}
+
 TEST_CASE("train --objective grpo: group advantages, step one is grad's, A > 0 completions rise") {
   objectives_fixture f;
   const std::vector<double> rewards{1.0, 0.0, 0.25, 0.75};

@@ -189,6 +189,16 @@ TEST_CASE("train: --save-steps checkpoints; the newest resumes bit-identical to 
     REQUIRE(a[i].size() == b[i].size());
     CHECK(std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(double)) == 0);
   }
+  // --epochs counts the whole run, as TRL's num_train_epochs: 3 epochs of 4 rows, 2 rows a step,
+  // are 6 steps, and the run resumed at step 4 does the last 2
+  const auto by_epochs = f.dir / "ckpt-epochs";
+  REQUIRE(run(common + " --epochs 3 --resume " + q(out / "checkpoint-4") + " --save-model " +
+              q(by_epochs))
+              .code == 0);
+  const auto c = f.weights(by_epochs);
+  REQUIRE(c.size() == a.size());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    CHECK(std::memcmp(a[i].data(), c[i].data(), a[i].size() * sizeof(double)) == 0);
   // a folder without checkpoints, and --save-steps without --output-dir, are argument errors
   CHECK(run(common + " --steps 1 --resume " + q(f.model)).code == 2);
   CHECK(run(common + " --steps 1 --save-steps 2").code == 2);

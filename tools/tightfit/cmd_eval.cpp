@@ -1,5 +1,6 @@
-// tightfit eval: the loss and per-token perplexity of a Hugging Face checkpoint on a token data
-// set (train's --data layout), forward only with the streaming head (evaluation.hpp).
+// tightfit eval: a Hugging Face checkpoint evaluated forward only with the streaming head
+// (evaluation.hpp): the loss and per-token perplexity on a token data set (train's --data
+// layout), or the DPO loss and TRL's reward metrics on preference pairs.
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -10,6 +11,7 @@
 #include "commands.hpp"
 #include "evaluation.hpp"
 #include "layer_progress.hpp"
+#include "objective_args.hpp"
 #include "output_paths.hpp"
 #include "tightfit/backend/eigen.hpp"
 #include "tightfit/io/token_file.hpp"
@@ -34,15 +36,21 @@ const command_spec& eval_command() {
     c.options = {
         {"--model", "DIR", "the model evaluated"},
         {"--data", "FILE",
-         "train's token data set: input_ids (N, T), optional labels and position_ids"},
-        {"--batch", "ROWS", "rows per forward", "1"},
+         "sft: train's token data set, input_ids (N, T), optional labels and position_ids; dpo: "
+         "train's pairs with ref_chosen_logps / ref_rejected_logps (tightfit logprobs writes "
+         "them; simpo and orpo need none)"},
+        {"--objective", "NAME", "sft or dpo", "sft"},
+        {"--batch", "ROWS", "rows (dpo: pairs) per forward", "1"},
         {"--chunk", "N", "positions per chunk of the layer-by-layer forward", "512"},
         {"--dtype", "NAME", "f32 or f64", "f32"},
     };
+    for (const auto& o : objective_options()) c.options.push_back(o);
     c.notes =
-        "The mean negative log-likelihood of the data set's counted labels (the loss of SFT) and\n"
-        "the per-token perplexity exp(loss), forward only, with a streaming head.\n"
-        "Prints one JSON line: loss, perplexity, tokens, rows, seconds.\n";
+        "sft: the mean negative log-likelihood of the data set's counted labels (the loss of\n"
+        "SFT) and the per-token perplexity exp(loss). dpo: the loss of --loss-type over every\n"
+        "pair and, with a reference (sigmoid, ipo, hinge), TRL's reward metrics. Forward only,\n"
+        "with a streaming head. Prints one JSON line: loss, perplexity, tokens, rows (dpo: loss,\n"
+        "pairs, rewards_chosen, rewards_rejected, rewards_accuracy, rewards_margin), seconds.\n";
     return c;
   }();
   return spec;
@@ -50,8 +58,49 @@ const command_spec& eval_command() {
 
 namespace {
 
+/// --model's weights into `model`, checked.
+template <class M>
+void load_checked(M& model, const arguments& a) {
+  load_hf_weights(a.get("--model"), model.parameters());
+  check_finite_weights(model.parameters(), a.get("--model"));
+}
+
+/// eval --objective dpo: the pairs of --data with their reference sums.
+template <class T, template <class> class Layer>
+int run_dpo_eval(const arguments& a, const model_config& cfg) {
+  const std::filesystem::path model_dir = a.get("--model");
+  check_model_fits(cfg, sizeof(T), 1, &model_dir);  // weights only
+  const std::string path = a.get("--data");
+  training_data pairs = read_training_data(path, "dpo", a, {});
+  pairs.rows.validate(cfg.vocab_size);
+  const dpo_options opt = dpo_options_from(a);
+  check(!needs_references(pairs, a), path, ": --loss-type ", a.get("--loss-type", "sigmoid"),
+        " needs the reference sums ref_chosen_logps and ref_rejected_logps; ",
+        "add them with tightfit logprobs --model REFERENCE (simpo and orpo need none)");
+  forward_options fo;
+  fo.chunk = a.integer("--chunk", 1, max_count);
+  const index_t per_pass = a.integer("--batch", 1, max_count);
+  backward_options bo;  // the backward's bound is an upper bound of the forward's
+  bo.sched = backward_schedule::stream;
+  bo.chunk = fo.chunk;
+  check_activations_fit<T>("--batch " + std::to_string(per_pass), true, cfg,
+                           2 * std::min(per_pass, pairs.rows.rows() / 2), pairs.rows.seq_len(), bo);
+  eigen_backend<T> be;
+  decoder_model<eigen_backend<T>, Layer<eigen_backend<T>>> model(be, cfg);
+  load_checked(model, a);
+  layer_progress progress("eval", cfg.num_hidden_layers);
+  fo.between_layers = [&progress] { progress(); };
+  const dpo_eval_result r = evaluate_dpo(model, pairs, per_pass, fo, opt);
+  nlohmann::ordered_json out;
+  for (const auto& [name, v] : dpo_eval_fields(r, "")) out[name] = v;
+  out["dtype"] = sizeof(T) == 8 ? "f64" : "f32";
+  std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  return 0;
+}
+
 template <class T, template <class> class Layer>
 int run_eval(const arguments& a, const model_config& cfg) {
+  if (a.get("--objective") == "dpo") return run_dpo_eval<T, Layer>(a, cfg);
   using backend = eigen_backend<T>;
   const std::filesystem::path model_dir = a.get("--model");
   check_model_fits(cfg, sizeof(T), 1, &model_dir);  // weights only
@@ -71,8 +120,7 @@ int run_eval(const arguments& a, const model_config& cfg) {
                            std::min(rows, data.rows()), data.seq_len(), bo);
   backend be;
   decoder_model<backend, Layer<backend>> model(be, cfg);
-  load_hf_weights(model_dir, model.parameters());
-  check_finite_weights(model.parameters(), model_dir.string());
+  load_checked(model, a);
   layer_progress progress("eval", cfg.num_hidden_layers);
   fo.between_layers = [&progress] { progress(); };
   const eval_result r = evaluate(model, data, rows, fo);
@@ -99,6 +147,12 @@ int run_eval_of_config(const arguments& a) {
 int eval(int argc, char** argv) {
   return with_arguments(eval_command(), argc, argv, [](const arguments& a) {
     if (!a.has("--model") || !a.has("--data")) throw usage_error{"--model and --data are required"};
+    const std::string objective = a.get("--objective");
+    if (objective == "grpo")
+      throw usage_error{
+          "--objective grpo: offline GRPO's loss at the ratio 1 is -mean(A) whatever the policy; "
+          "eval takes sft or dpo"};
+    check_objective_arguments(a, objective);
     (void)a.integer("--chunk", 1, max_count);
     (void)a.integer("--batch", 1, max_count);
     const std::string dtype = a.get("--dtype");

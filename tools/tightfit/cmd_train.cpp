@@ -103,7 +103,8 @@ const command_spec& train_command() {
          "run's length when it is split with --resume)"},
         {"--steps", "N", "optimizer steps (or what --epochs gives)", "100", "max_steps"},
         {"--epochs", "E",
-         "passes over the data set instead of --steps: the smallest step count covering E x N rows",
+         "passes over the data set instead of --steps: the smallest step count covering E x N "
+         "rows, counted from the run's start (a resumed run does the steps left)",
          "", "num_train_epochs"},
         {"--shuffle", "",
          "each epoch's rows in a permutation drawn from --seed and the epoch (dpo pairs stay "
@@ -166,8 +167,8 @@ const command_spec& train_command() {
         {"--seed", "S", "the model's initialisation (presets), the block order and --shuffle", "1",
          "seed"},
         {"--eval-data", "FILE",
-         "sft: a token data set evaluated (loss, perplexity; forward only) every --eval-steps "
-         "steps and after the last"},
+         "evaluated every --eval-steps steps and after the last, forward only: sft, a token data "
+         "set (loss, perplexity); dpo, pairs as --data (loss, TRL's reward metrics)"},
         {"--eval-steps", "N", "steps between evaluations", "", "eval_steps"},
         {"--log", "FILE",
          "JSON lines, one per step: loss, lr, grad_norm (when clipping), tokens, tokens/s, "
@@ -359,16 +360,16 @@ void validate(const args& a) {
   if (a.epochs && a.steps_given) throw usage_error{"give --steps or --epochs, not both"};
   if (a.save_steps > 0 && a.output_dir.empty())
     throw usage_error{"--save-steps N needs --output-dir DIR (where checkpoint-N/ go)"};
-  if (!a.eval_data.empty() && a.objective != "sft")
-    throw usage_error{"--eval-data evaluates --objective sft; not " + a.objective + " yet"};
+  if (!a.eval_data.empty() && a.objective == "grpo")
+    throw usage_error{
+        "--eval-data evaluates --objective sft and dpo; offline GRPO's loss at the ratio 1 is "
+        "-mean(A) whatever the policy (TRL evaluates GRPO by generating)"};
   if (a.eval_steps > 0 && a.eval_data.empty())
     throw usage_error{"--eval-steps needs --eval-data FILE"};
   if (!a.eval_data.empty() && a.device == "cuda")
     throw usage_error{"--eval-data with --device cuda is not done yet"};
   if (a.save_total_limit > 0 && a.save_steps == 0)
     throw usage_error{"--save-total-limit applies to --save-steps"};
-  if (a.epochs && !a.resume.empty())
-    throw usage_error{"--epochs counts from the start; a resumed run gives --steps"};
   const bool lora = a.optimizer == "lora";
   const bool lora_given = a.lora_options_given || !a.adapter.empty() || !a.merge_out.empty();
   if (!lora && lora_given)
@@ -570,9 +571,17 @@ std::int64_t run_steps(const args& a, index_t rows, index_t rows_per_step) {
   return std::max<std::int64_t>(1, static_cast<std::int64_t>(steps));
 }
 
+/// The run's data: the training set and, for --eval-data with dpo, the evaluation pairs (their
+/// references computed by the model as loaded, rank 0 only).
+struct training_sets {
+  training_data train;
+  std::optional<training_data> eval_pairs;
+};
+
 template <class T, class Model, class Opt, class Comm>
-int run_training(Model& model, const training_data& data, Opt& opt, const args& a, Comm& comm,
+int run_training(Model& model, const training_sets& sets, Opt& opt, const args& a, Comm& comm,
                  double base_lr) {
+  const training_data& data = sets.train;
   const bool root = comm.rank() == 0;
   if (!a.resume.empty()) {
     try {
@@ -600,6 +609,8 @@ int run_training(Model& model, const training_data& data, Opt& opt, const args& 
   o.order = {a.shuffle, a.seed, data.unit()};
   const index_t row_ranks = a.parallel == "data" ? static_cast<index_t>(comm.size()) : 1;
   o.steps = run_steps(a, data.rows.rows(), o.batch * o.grad_accum * row_ranks);
+  // --epochs counts the whole run (TRL's num_train_epochs): a resumed run does what is left
+  if (a.epochs) o.steps = std::max<std::int64_t>(0, o.steps - opt.steps());
   o.backward.sched = parse_backward_schedule(a.sched);
   o.backward.chunk = a.chunk;
   // Non-finite policy: train() stops at a non-finite loss; a non-finite gradient or update stops
@@ -637,7 +648,7 @@ int run_training(Model& model, const training_data& data, Opt& opt, const args& 
   // --eval-data: rank 0 evaluates every --eval-steps steps and after the last (the weights are
   // the same on every rank)
   std::optional<token_dataset> eval_rows;
-  if (!a.eval_data.empty() && root) {
+  if (!a.eval_data.empty() && root && a.objective == "sft") {
     check_token_table_fits(a.eval_data);
     auto table = read_token_table(a.eval_data);
     eval_rows.emplace(table.rows, table.seq_len, std::move(table.input_ids),
@@ -645,9 +656,18 @@ int run_training(Model& model, const training_data& data, Opt& opt, const args& 
     eval_rows->validate(model.config().vocab_size);
   }
   auto evaluate_at = [&](std::int64_t step) {
-    if (!eval_rows) return;
     forward_options fo;
     fo.chunk = a.chunk;
+    if (sets.eval_pairs) {
+      const dpo_eval_result e = evaluate_dpo(model, *sets.eval_pairs, a.batch, fo,
+                                             dpo_options_from(a.objective_arguments()));
+      if (log) log->record(step, dpo_eval_fields(e, "eval_"));
+      if (!a.quiet)
+        std::fprintf(stderr, "\neval at step %lld: loss %.4f%s\n", static_cast<long long>(step),
+                     e.loss,
+                     e.rewards ? (", reward accuracy " + std::to_string(e.accuracy)).c_str() : "");
+    }
+    if (!eval_rows) return;
     const eval_result e = evaluate(model, *eval_rows, a.batch, fo);
     if (log)
       log->record(step, {{"eval_loss", e.loss},
@@ -861,8 +881,10 @@ int run_model(const args& a, const model_config& cfg, Comm& comm) {
                  checked_product_or_fail("the LoRA adapters' bytes", {*values, 4, sizeof(T)}));
   }
   const arguments objective_args = a.objective_arguments();
-  training_data data = read_training_data(a.data, a.objective, objective_args,
-                                          {a.num_generations, a.scale_rewards == "group"});
+  training_sets sets{read_training_data(a.data, a.objective, objective_args,
+                                        {a.num_generations, a.scale_rewards == "group"}),
+                     {}};
+  training_data& data = sets.train;
   {
     backward_options bo;
     bo.sched = parse_backward_schedule(a.sched);
@@ -882,6 +904,15 @@ int run_model(const args& a, const model_config& cfg, Comm& comm) {
     forward_options fo;
     fo.chunk = a.chunk;
     compute_references(model, data, a.batch * data.unit(), fo);
+  }
+  if (!a.eval_data.empty() && a.objective == "dpo" && comm.rank() == 0) {
+    sets.eval_pairs = read_training_data(a.eval_data, "dpo", objective_args, {});
+    sets.eval_pairs->rows.validate(cfg.vocab_size);
+    if (needs_references(*sets.eval_pairs, objective_args)) {
+      forward_options fo;
+      fo.chunk = a.chunk;
+      compute_references(model, *sets.eval_pairs, a.batch * 2, fo);
+    }
   }
 
 #if defined(TIGHTFIT_CLI_CUDA)
@@ -905,10 +936,10 @@ int run_model(const args& a, const model_config& cfg, Comm& comm) {
   auto full = [&](auto rule) {
     if constexpr (parallel) {
       zero1_full_optimizer<decltype(model), decltype(rule), Comm> opt(model, rule, comm, a.clip);
-      return run_training<T>(model, data, opt, a, comm, rule.lr);
+      return run_training<T>(model, sets, opt, a, comm, rule.lr);
     } else {
       auto opt = make_full_optimizer(model, rule, a.clip);
-      return run_training<T>(model, data, opt, a, comm, rule.lr);
+      return run_training<T>(model, sets, opt, a, comm, rule.lr);
     }
   };
   if (a.optimizer == "adam") return full(adam);
@@ -917,7 +948,7 @@ int run_model(const args& a, const model_config& cfg, Comm& comm) {
   if (a.optimizer == "badam") {
     block_optimizer<decltype(model), adam_update_rule, runtime_order> opt(model, part, adam, order,
                                                                           {}, bo);
-    return run_training<T>(model, data, opt, a, comm, adam.lr);
+    return run_training<T>(model, sets, opt, a, comm, adam.lr);
   }
   if (a.optimizer == "bread-sgd") {
     sgd_expansion e;
@@ -926,7 +957,7 @@ int run_model(const args& a, const model_config& cfg, Comm& comm) {
     e.scope = scope;
     block_optimizer<decltype(model), adam_update_rule, runtime_order, sgd_expansion> opt(
         model, part, adam, order, e, bo);
-    return run_training<T>(model, data, opt, a, comm, adam.lr);
+    return run_training<T>(model, sets, opt, a, comm, adam.lr);
   }
   if constexpr (!parallel) {
     if (a.optimizer == "lora") {
@@ -941,7 +972,7 @@ int run_model(const args& a, const model_config& cfg, Comm& comm) {
       }
       const auto w = with_hyperparameters(adamw_update_rule{}, a);
       lora_optimizer<decltype(model)> opt(adapters, w, a.clip);
-      return run_training<T>(model, data, opt, a, comm, w.lr);
+      return run_training<T>(model, sets, opt, a, comm, w.lr);
     }
     if (a.optimizer == "bread-lora") {
       lora_expansion e;
@@ -951,7 +982,7 @@ int run_model(const args& a, const model_config& cfg, Comm& comm) {
       e.scope = scope;
       block_optimizer<decltype(model), adam_update_rule, runtime_order, lora_expansion> opt(
           model, part, adam, order, e, bo);
-      return run_training<T>(model, data, opt, a, comm, adam.lr);
+      return run_training<T>(model, sets, opt, a, comm, adam.lr);
     }
   }
   fail("optimizer '", a.optimizer, "' is not available here");  // validate() refused it

@@ -69,8 +69,10 @@ class json_log {
           ")");
   }
   /// A line of other values at `step` (1-based), e.g. an evaluation: {"step":S,"name":v,...},
-  /// every value with 17 significant digits.
-  void record(std::int64_t step, std::initializer_list<std::pair<const char*, double>> values) {
+  /// every value with 17 significant digits. `values`: (name, value) pairs, a braced list or a
+  /// container.
+  template <class Values = std::initializer_list<std::pair<const char*, double>>>
+  void record(std::int64_t step, const Values& values) {
     out_ << "{\"step\":" << step << std::setprecision(17);
     for (const auto& [name, v] : values) out_ << ",\"" << name << "\":" << v;
     out_ << "}\n" << std::setprecision(6);
