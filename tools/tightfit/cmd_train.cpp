@@ -109,11 +109,13 @@ void train_usage(std::FILE* out) {
       "  --bread-scope S      partial|all (default partial); --sign (signSGD)\n"
       "  --rank R             BREAD-LoRA rank (default 8); --loraplus R (lr ratio, default 1)\n"
       "  --lora-rank R        LoRA (--optimizer lora): rank (default 8); --lora-alpha A (default\n"
-      "                       16; scale A / R, or A / sqrt(R) with --rslora); --lora-dropout 0\n"
+      "                       16; scale A / R, or A / sqrt(R) with --rslora); --lora-dropout P\n"
+      "                       (default 0): PEFT's lora_dropout, p in [0, 1) on the adapters'\n"
+      "                       inputs in training (masks seeded by --seed)\n"
       "  --target-modules M   q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj (any of\n"
       "                       them, comma-separated) or all-linear (default q_proj,v_proj)\n"
       "  --adapter DIR        LoRA: start from this PEFT adapter (its adapter_config.json gives\n"
-      "                       rank, alpha and targets)\n"
+      "                       rank, alpha, dropout and targets)\n"
       "  --seed S             model initialisation (presets) and block order seed (default 1)\n"
       "  --eval-data FILE     sft: a token data set evaluated (loss, perplexity; forward\n"
       "                       only) every --eval-steps N steps and after the last one\n"
@@ -197,7 +199,7 @@ constexpr double max_lr = 1e3;
 constexpr index_t max_lora_rank = 1 << 16;
 
 /// The LoRA configuration of the options (without --adapter); throws tightfit::error naming a bad
-/// value (dropout other than 0, an unknown module).
+/// value (a dropout outside [0, 1), an unknown module). --seed seeds A and the dropout masks.
 lora_config cli_lora_config(const args& a) {
   lora_config c;
   c.rank = a.lora_rank.value_or(8);
