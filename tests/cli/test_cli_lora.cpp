@@ -1,7 +1,8 @@
 // `tightfit train --optimizer lora`: the adapter directory it writes has PEFT's tensor names,
 // shapes and dtype (adapter_model.safetensors) and adapter_config.json's keys; --adapter loads
-// it back unchanged and continues; --merge-out writes W0 + s B A; the loss falls; LoRA options
-// are checked before any file is read.
+// it back unchanged and continues; --merge-out writes W0 + s B A; the loss falls; --lora-dropout
+// trains, is recorded in adapter_config.json and is seeded by --seed, and an adapter with
+// lora_dropout trains with it; LoRA options are checked before any file is read.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -190,7 +191,9 @@ TEST_CASE("train --optimizer lora: wrong LoRA options exit 2 before any file is 
     std::string args, message;
   };
   const bad_case cases[] = {
-      {" --optimizer lora --lora-dropout 0.1", "dropout is 0.1"},
+      {" --optimizer lora --lora-dropout 1", "dropout is 1"},
+      {" --optimizer lora --lora-dropout 1.5", "--lora-dropout is 1.5"},
+      {" --optimizer lora --lora-dropout -0.1", "--lora-dropout is -0.1"},
       {" --optimizer lora --target-modules q_proj,qkv", "'qkv'"},
       {" --optimizer lora --target-modules q_proj,q_proj", "given twice"},
       {" --optimizer adamw --lora-rank 4", "options of --optimizer lora"},
@@ -208,4 +211,56 @@ TEST_CASE("train --optimizer lora: wrong LoRA options exit 2 before any file is 
   CHECK(r.code == 1);
   CHECK(lines(r.err) == 1);
   CHECK(r.err.find("adapter_config.json") != std::string::npos);
+}
+
+TEST_CASE("train --optimizer lora --lora-dropout: recorded, seeded, an adapter's dropout applied") {
+  lora_fixture f;
+  const std::string common = "train --model " + q(f.model) + " --data " + q(f.data) +
+                             " --optimizer lora --dtype f64 --batch 2 --chunk 8 --quiet"
+                             " --lora-rank 2 --target-modules q_proj,v_proj,down_proj --lr 0.03";
+  const auto out = f.dir / "dropout", same = f.dir / "dropout-again", none = f.dir / "no-dropout";
+  const auto log = f.dir / "dropout.jsonl", log_same = f.dir / "dropout-again.jsonl";
+  REQUIRE(run(common + " --lora-dropout 0.1 --steps 6 --seed 3 --log " + q(log) + " --save-model " +
+              q(out))
+              .code == 0);
+  {
+    std::ifstream in(out / "adapter_config.json");
+    CHECK(nlohmann::json::parse(in)["lora_dropout"].get<double>() == 0.1);
+  }
+  // the same --seed: the same masks, the same bits
+  REQUIRE(run(common + " --lora-dropout 0.1 --steps 6 --seed 3 --log " + q(log_same) +
+              " --save-model " + q(same))
+              .code == 0);
+  const auto trained = tensors_of(out / "adapter_model.safetensors");
+  CHECK(tensors_of(same / "adapter_model.safetensors") == trained);
+  CHECK(log_losses(log_same) == log_losses(log));
+  // the dropout is applied: without it (same seed, same initialisation) the adapters differ
+  REQUIRE(run(common + " --steps 6 --seed 3 --save-model " + q(none)).code == 0);
+  CHECK(tensors_of(none / "adapter_model.safetensors") != trained);
+
+  // an adapter whose adapter_config.json says lora_dropout 0.05 trains, with that dropout
+  {
+    std::ifstream in(out / "adapter_config.json");
+    auto j = nlohmann::json::parse(in);
+    j["lora_dropout"] = 0.05;
+    std::ofstream(out / "adapter_config.json") << j.dump(2);
+  }
+  const std::string from = "train --model " + q(f.model) + " --data " + q(f.data) +
+                           " --optimizer lora --dtype f64 --batch 2 --chunk 8 --quiet --lr 0.03"
+                           " --steps 2 --seed 5 --adapter " +
+                           q(out);
+  const auto cont = f.dir / "continued", cont_none = f.dir / "continued-without";
+  REQUIRE(run(from + " --save-model " + q(cont)).code == 0);
+  const auto continued = tensors_of(cont / "adapter_model.safetensors");
+  CHECK(continued != trained);
+  std::ifstream in(cont / "adapter_config.json");
+  CHECK(nlohmann::json::parse(in)["lora_dropout"].get<double>() == 0.05);
+  {  // the same adapter with lora_dropout 0 ends elsewhere: the 0.05 was applied
+    std::ifstream cin(out / "adapter_config.json");
+    auto j = nlohmann::json::parse(cin);
+    j["lora_dropout"] = 0.0;
+    std::ofstream(out / "adapter_config.json") << j.dump(2);
+  }
+  REQUIRE(run(from + " --save-model " + q(cont_none)).code == 0);
+  CHECK(tensors_of(cont_none / "adapter_model.safetensors") != continued);
 }

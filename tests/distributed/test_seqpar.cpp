@@ -17,7 +17,9 @@
 #include "tightfit/distributed/sequence_parallel.hpp"
 #include "tightfit/nn/decoder_layer.hpp"
 #include "tightfit/nn/gemma_layer.hpp"
+#include "tightfit/nn/lora.hpp"
 #include "tightfit/nn/sequence_shard.hpp"
+#include "tightfit/optim/lora_optimizer.hpp"
 
 using namespace tightfit;
 using namespace tightfit::testing;
@@ -265,4 +267,64 @@ TEST_CASE(
     CHECK_THROWS_WITH(sequence_parallel_gradients(model, short_rows.view(), objective,
                                                   seqpar_opts(backward_schedule::stream, 2), comm),
                       doctest::Contains("too few for"));
+}
+
+TEST_CASE("sequence parallel LoRA with dropout: the ranks' masks are one process's (1e-12)") {
+  // Each rank drops the adapters' inputs of its own positions; the masks are a function of the
+  // global position, so the ranks' adapter gradients (not reduced by the pass: summed here) and
+  // the reduced embedding gradient are one process's on the whole batch.
+  auto& comm = world();
+  const model_config cfg = tiny_config(4, 2, true, false, 3);
+  const piece p(4, 13, cfg.vocab_size, 31);
+  lora_config lc;
+  lc.rank = 3;
+  lc.alpha = 5;
+  lc.dropout = 0.1;
+  lc.target_modules = {"all-linear"};
+  lc.seed = 11;
+  using model_t = llama_model<reference_backend<double>>;
+  // loss, adapter gradients and the embedding's, in a training pass keyed 7
+  auto run = [&](bool sharded, backward_schedule sched, sequence_assignment assign) {
+    reference_backend<double> be;
+    model_t model(be, cfg);
+    seed_weights(model);
+    lora_adapters<model_t> lora(model, lc);
+    std::mt19937_64 gen(17);
+    std::normal_distribution<double> dist(0.0, 0.3);
+    for (index_t l = 0; l < cfg.num_hidden_layers; ++l)
+      for (projection pr : lora.targets())
+        for (auto& x : lora.parameters().value(lora.b_id(l, pr))) x = dist(gen);
+    lora_optimizer<model_t> lopt(lora);
+    auto& ap = lora.parameters();
+    for (std::size_t i = 0; i < ap.size(); ++i) {
+      ap.allocate_grad(i);
+      be.fill(as_row(ap.grad(i)), 0.0);
+    }
+    backward_options opt = lopt.lora_backward_options(seqpar_opts(sched, 2));
+    opt.embedding_grad = true;
+    sft_loss loss;
+    double value = 0;
+    {
+      lora_training_pass<lora_adapters<model_t>> pass(lora, 7);
+      value =
+          sharded
+              ? sequence_parallel_gradients(model, p.rows.view(), loss, opt, comm, {assign}).loss
+              : compute_gradients(model, p.rows.view(), loss, opt).loss;
+    }
+    if (sharded)
+      for (std::size_t i = 0; i < ap.size(); ++i) comm.all_reduce_sum(ap.grad(i)).wait();
+    auto grads = grads_of(ap);
+    auto g = model.parameters().grad(model.embed_id());
+    grads.emplace_back(g.begin(), g.end());
+    return std::pair{value, grads};
+  };
+  for (auto sched : {backward_schedule::checkpoint, backward_schedule::stream})
+    for (auto assign : {sequence_assignment::contiguous, sequence_assignment::zigzag}) {
+      CAPTURE(static_cast<int>(sched));
+      CAPTURE(static_cast<int>(assign));
+      const auto want = run(false, sched, assign);
+      const auto got = run(true, sched, assign);
+      CHECK(std::abs(got.first - want.first) <= 1e-12 * std::abs(want.first));
+      CHECK(max_grads_rel_diff(got.second, want.second) <= 1e-12);
+    }
 }

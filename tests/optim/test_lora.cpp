@@ -274,8 +274,10 @@ TEST_CASE("LoRA merge: W0 + s B A, same loss; rsLoRA scale; bad configurations")
   CHECK_THROWS_WITH_AS(lora.merge(), doctest::Contains("already merged"), error);
 
   lora_config bad = lc;
-  bad.dropout = 0.05;
-  CHECK_THROWS_WITH_AS(bad.validate(), doctest::Contains("dropout is 0.05"), error);
+  bad.dropout = 1;  // a probability in [0, 1) (tests/optim/test_lora_dropout.cpp trains with one)
+  CHECK_THROWS_WITH_AS(bad.validate(), doctest::Contains("dropout is 1"), error);
+  bad.dropout = -0.05;
+  CHECK_THROWS_WITH_AS(bad.validate(), doctest::Contains("dropout is -0.05"), error);
   bad = lc;
   bad.target_modules = {"qkv_proj"};
   CHECK_THROWS_WITH_AS(bad.validate(), doctest::Contains("'qkv_proj'"), error);
@@ -437,13 +439,14 @@ TEST_CASE("LoRA PEFT files: save, load into fresh adapters, refuse a different c
   wrong.rank = 4;
   lora_adapters<llama_model<ref>> lora3(model3, wrong);
   CHECK_THROWS_WITH_AS(load_peft_adapter(dir, lora3), doctest::Contains("r is 2"), error);
-  // a dropout the backward cannot honour is refused, naming the file
+  // a dropout that is no probability in [0, 1) is refused, naming the field and the file
   {
     std::ifstream in(dir / "adapter_config.json");
     auto j = nlohmann::json::parse(in);
-    j["lora_dropout"] = 0.1;
+    j["lora_dropout"] = 1.0;
     std::ofstream(dir / "adapter_config.json") << j.dump();
   }
-  CHECK_THROWS_WITH_AS(read_peft_config(dir), doctest::Contains("lora_dropout"), error);
+  CHECK_THROWS_WITH_AS(read_peft_config(dir), doctest::Contains("\"lora_dropout\" is 1"), error);
+  CHECK_THROWS_WITH_AS(read_peft_config(dir), doctest::Contains("adapter_config.json"), error);
   std::filesystem::remove_all(dir);
 }

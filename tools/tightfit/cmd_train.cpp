@@ -139,8 +139,10 @@ const command_spec& train_command() {
         {"--lora-alpha", "A", "lora: the scale is A / r (A / sqrt(r) with --rslora)", "16",
          "lora_alpha"},
         {"--rslora", "", "lora: rsLoRA's scale A / sqrt(r)", "", "use_rslora"},
-        {"--lora-dropout", "P", "lora: PEFT's dropout on the adapters' input (only 0 for now)", "0",
-         "lora_dropout"},
+        {"--lora-dropout", "P",
+         "lora: PEFT's lora_dropout, P in [0, 1) on the adapters' inputs in training steps "
+         "(masks seeded by --seed)",
+         "0", "lora_dropout"},
         {"--target-modules", "LIST",
          "lora: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (comma-separated) "
          "or all-linear",
@@ -327,7 +329,7 @@ double trl_learning_rate(const std::string& objective) {
 }
 
 /// The LoRA configuration of the options (without --adapter); throws tightfit::error naming a bad
-/// value (dropout other than 0, an unknown module).
+/// value (a dropout outside [0, 1), an unknown module). --seed seeds A and the dropout masks.
 lora_config cli_lora_config(const args& a) {
   lora_config c;
   c.rank = a.lora_rank;

@@ -33,6 +33,8 @@ template <std::floating_point T>
 class meta_backend {
  public:
   using value_type = T;
+  /// Kernels compute nothing: host-side work over tensors may be skipped (nn/lora_dropout.hpp).
+  static constexpr bool dry_run = true;
 
   memory_counter& memory() { return memory_; }
   kernel_stats& stats() { return stats_; }

@@ -21,6 +21,7 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -42,6 +43,9 @@ struct sequence_batch {
   index_t seq_len = 0;                      ///< T
   std::span<const index_t> lengths{};       ///< (B) valid lengths in [1, T]; empty: all T
   std::span<const index_t> position_ids{};  ///< (B*T) packed positions; empty: t
+  /// The run's index of sequence 0 (sequence b is the run's row first_row + b): the rows' name in
+  /// LoRA dropout's masks (nn/lora_dropout.hpp); train() sets it, 0 otherwise.
+  std::int64_t first_row = 0;
 
   index_t length(index_t b) const {
     return lengths.empty() ? seq_len : lengths[static_cast<std::size_t>(b)];

@@ -13,9 +13,15 @@
 // Initialisation (PEFT's init_lora_weights = true): A ~ Kaiming-uniform with a = sqrt(5) as
 // torch.nn.Linear, i.e. U(-1/sqrt(in), 1/sqrt(in)), from a seeded generator; B = 0.
 //
+// Dropout (PEFT's lora_dropout, nn/lora_dropout.hpp): the adapters' inputs are dropped with
+// probability p in a training pass only (lora_training_pass: lora_optimizer's steps), by a mask
+// that is a function of (seed, the pass's draw key, layer, projection, token, element); outside
+// one the model computes W0 + s B A exactly.
+//
 // Invariants: while a lora_adapters object lives (and until merge()), the model's layers are
-// bound to it (nn/adapters.hpp) and the model computes W0 + s B A; merge() adds s B A into
-// the base weights and unbinds, so the model's function does not change. Dropout: 0 only.
+// bound to it (nn/adapters.hpp) and the model computes W0 + s B A (outside a training pass);
+// merge() adds s B A into the base weights and unbinds, so the model's function does not
+// change.
 // Lifetime: construct the adapters after the model and destroy them before it (the destructor
 // unbinds the layers).
 #pragma once
@@ -65,10 +71,10 @@ inline std::vector<std::string> split_target_modules(const std::string& csv) {
 struct lora_config {
   index_t rank = 8;         ///< r
   double alpha = 8;         ///< lora_alpha
-  double dropout = 0;       ///< lora_dropout: 0 only
+  double dropout = 0;       ///< lora_dropout: p in [0, 1), in training passes only
   bool use_rslora = false;  ///< use_rslora: scale alpha / sqrt(r) instead of alpha / r
   std::vector<std::string> target_modules{"q_proj", "v_proj"};  ///< or {"all-linear"}
-  std::uint64_t seed = 0;  ///< the generator of A's initialisation
+  std::uint64_t seed = 0;  ///< the generator of A's initialisation and the dropout masks' seed
 
   /// s: alpha / r, or alpha / sqrt(r) with use_rslora.
   double scale() const {
@@ -99,8 +105,8 @@ struct lora_config {
   void validate() const {
     check(rank >= 1, "LoRA rank r is ", rank, ", expected >= 1");
     check(std::isfinite(alpha) && alpha > 0, "LoRA alpha is ", alpha, ", expected > 0");
-    check(dropout == 0, "LoRA dropout is ", dropout,
-          ", but only 0 is supported (the backward is exact for a deterministic forward)");
+    check(dropout >= 0 && dropout < 1, "LoRA dropout is ", dropout,
+          ", expected in [0, 1) (the probability of zeroing an adapter's input)");
     check(!target_modules.empty(), "LoRA target modules are empty");
     (void)projections();
   }
@@ -160,6 +166,8 @@ class lora_adapters {
   lora_adapters(M& model, lora_config config)
       : model_(&model), cfg_(std::move(config)), params_(model.backend()) {
     cfg_.validate();
+    dropout_.p = cfg_.dropout;
+    dropout_.seed = cfg_.seed;
     const model_config& mc = model.config();
     targets_ = cfg_.projections();
     for (index_t l = 0; l < mc.num_hidden_layers; ++l) {
@@ -167,6 +175,8 @@ class lora_adapters {
       b.adapters = &params_;
       b.rank = cfg_.rank;
       b.scale = cfg_.scale();
+      b.dropout = &dropout_;
+      b.layer = l;
       for (projection p : targets_) {
         const auto shape = model.parameters().shape(base_id(l, p));  // (out, in)
         check(shape.size() == 2, "lora_adapters: parameter '",
@@ -198,6 +208,14 @@ class lora_adapters {
   M& model() const { return *model_; }
   /// Whether the layers compute with the adapters (false after merge()).
   bool bound() const { return bound_; }
+  /// The dropout the layers read: p and seed of the config, and the pass's state.
+  const lora_dropout& dropout() const { return dropout_; }
+  /// Starts (training: the adapters' inputs are dropped, masks keyed by `draw`) or ends a
+  /// training pass; lora_training_pass does both. No effect on the function with p = 0.
+  void set_training(bool training, std::uint64_t draw = 0) {
+    dropout_.training = training;
+    dropout_.draw = training ? draw : 0;
+  }
   /// Positions of layer l's A and B of projection p in parameters().
   std::size_t a_id(index_t l, projection p) const {
     return bindings_[static_cast<std::size_t>(l)].a_id(p);
@@ -269,7 +287,25 @@ class lora_adapters {
   parameter_set<B> params_;
   std::vector<projection> targets_;
   std::vector<lora_binding<B>> bindings_;  // per layer
+  lora_dropout dropout_;                   // the bindings point to it
   bool bound_ = false;
+};
+
+/// A training pass of `adapters` for its lifetime (lora_adapters::set_training): the adapters'
+/// inputs are dropped with the config's p, masks keyed by `draw` (lora_optimizer: its step
+/// count); the pass ends when the object goes, also by an exception.
+template <class Adapters>
+class lora_training_pass {
+ public:
+  lora_training_pass(Adapters& adapters, std::uint64_t draw) : adapters_(&adapters) {
+    adapters.set_training(true, draw);
+  }
+  ~lora_training_pass() { adapters_->set_training(false); }
+  lora_training_pass(const lora_training_pass&) = delete;
+  lora_training_pass& operator=(const lora_training_pass&) = delete;
+
+ private:
+  Adapters* adapters_;
 };
 
 }  // namespace tightfit

@@ -7,7 +7,8 @@
 //                                  fan_in_fan_out false, use_rslora, init_lora_weights, ...
 // and a merged model (W0 + s B A, nn/lora.hpp's merge) written as a model folder
 // (nn/hf_save.hpp: model.safetensors or shards, config.json, the base's tokenizer files).
-// Reading checks what tightfit can honour: peft_type LORA, lora_dropout 0, bias "none",
+// Reading checks what tightfit can honour: peft_type LORA, lora_dropout in [0, 1) (applied in
+// training, nn/lora_dropout.hpp), bias "none",
 // fan_in_fan_out false, no DoRA, no per-module rank or alpha patterns, no layers_to_transform;
 // errors name the field and the file.
 #pragma once
@@ -101,8 +102,8 @@ inline lora_config read_peft_config(const std::filesystem::path& dir) {
   c.rank = f.positive_int("r");
   c.alpha = f.number("lora_alpha", 8);
   c.dropout = f.number("lora_dropout", 0);
-  check(c.dropout == 0, src, ": field \"lora_dropout\" is ", c.dropout,
-        ", but only 0 is supported");
+  check(c.dropout >= 0 && c.dropout < 1, src, ": field \"lora_dropout\" is ", c.dropout,
+        ", expected a probability in [0, 1)");
   c.use_rslora = f.boolean("use_rslora", false);
   check(!f.boolean("use_dora", false), src, ": field \"use_dora\" is true (DoRA is not supported)");
   check(!f.boolean("fan_in_fan_out", false), src,

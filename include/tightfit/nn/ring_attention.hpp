@@ -160,8 +160,8 @@ class ring_attention {
         const index_t n = a.n;
         auto [dk, dv] = self.kv_rows_backward(be, seq, c0, c1, a.h1.view(n, d), mode.weight_grads);
         buffer dh1 = be.template allocate<T>(n * d);  // (n, d)
-        self.kv_input_backward(be, a.h1.view(n, d), dk.view(n, kvw), dv.view(n, kvw),
-                               dh1.view(n, d), mode.weight_grads);
+        self.kv_input_backward(be, a.h1.view(n, d), Layer::rows_of(a), dk.view(n, kvw),
+                               dv.view(n, kvw), dh1.view(n, d), mode.weight_grads);
         input_norm_backward(be, seq, a, dh1.view(n, d), c0, c1, dx, mode);
       });
     self.end_backward(be);
@@ -370,9 +370,10 @@ class ring_attention {
     const bool wg = mode.weight_grads;
     self.unfinish_q(be, seq, a, dq, c0, c1, wg);
     auto h1 = a.h1.view(n, d);
-    if (!self.q_weight_backward(be, h1, dq, mode)) return;  // the adapters' gradients only
-    buffer dh1 = be.template allocate<T>(n * d);            // (n, d)
-    self.q_input_backward(be, h1, dq, dh1.view(n, d), wg);
+    const lora_rows rows = Layer::rows_of(a);
+    if (!self.q_weight_backward(be, h1, rows, dq, mode)) return;  // the adapters' gradients only
+    buffer dh1 = be.template allocate<T>(n * d);                  // (n, d)
+    self.q_input_backward(be, h1, rows, dq, dh1.view(n, d), wg);
     input_norm_backward(be, seq, a, dh1.view(n, d), c0, c1, dx, mode);
   }
 

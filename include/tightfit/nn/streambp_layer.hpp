@@ -34,6 +34,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
@@ -61,6 +62,8 @@ struct layer_acts {
   using buffer = buffer_t<B>;
   using stat_buffer = accum_buffer_t<B>;  ///< rstd, lse: accum_t
   index_t c0 = 0, c1 = 0, n = 0;
+  // sequence_batch::first_row: the run's rows, which the LoRA dropout masks are keyed by
+  std::int64_t first_row = 0;
   buffer x;                 // (n, d) gathered input (empty when the chunk is all of x's rows)
   matrix_view<const T> xv;  // (n, d) view of the input rows
   buffer h1;                // (n, d) N(x; input_layernorm)
@@ -219,12 +222,15 @@ class streambp_layer : public ring_attention<streambp_layer<Layer, B>, B> {
     ring::scatter_x(be, seq, c0, c1, src, dst);
   }
 
-  void lora_forward(B& be, projection p, matrix_view<const T> x, matrix_view<T> y) const {
-    tightfit::lora_forward(be, lora_, p, x, y);
+  /// The tokens of a chunk's rows (the LoRA dropout masks' coordinates).
+  static lora_rows rows_of(const acts& a) { return {a.first_row, a.c0, a.c1}; }
+  void lora_forward(B& be, projection p, const lora_rows& rows, matrix_view<const T> x,
+                    matrix_view<T> y) const {
+    tightfit::lora_forward(be, lora_, p, x, y, rows);
   }
-  void lora_backward(B& be, projection p, matrix_view<const T> x, matrix_view<const T> dy,
-                     matrix_view<T> dx, bool wg) const {
-    tightfit::lora_backward(be, lora_, p, x, dy, dx, wg);
+  void lora_backward(B& be, projection p, const lora_rows& rows, matrix_view<const T> x,
+                     matrix_view<const T> dy, matrix_view<T> dx, bool wg) const {
+    tightfit::lora_backward(be, lora_, p, x, dy, dx, wg, rows);
   }
 
   /// y (n, w) += 1 (n, 1) b (1, w): bias `id` added to every row, as a rank-1 GEMM.
@@ -247,29 +253,29 @@ class streambp_layer : public ring_attention<streambp_layer<Layer, B>, B> {
     std::size_t weight, bias;
     projection p;
   };
-  /// Two projections of one input h (n, in), in this order: ya = h Wa^T, yb = h Wb^T, their
-  /// biases (with_bias), their adapters (overwriting ya, yb).
-  void project_pair(B& be, matrix_view<const T> h, proj_ids pa, proj_ids pb, bool with_bias,
-                    matrix_view<T> ya, matrix_view<T> yb) const {
+  /// Two projections of one input h (n, in) of the tokens `rows`, in this order: ya = h Wa^T,
+  /// yb = h Wb^T, their biases (with_bias), their adapters (overwriting ya, yb).
+  void project_pair(B& be, matrix_view<const T> h, const lora_rows& rows, proj_ids pa, proj_ids pb,
+                    bool with_bias, matrix_view<T> ya, matrix_view<T> yb) const {
     w_.linear(be, pa.weight, h, ya, A(0));
     w_.linear(be, pb.weight, h, yb, A(0));
     if (with_bias) {
       add_bias(be, pa.bias, ya);
       add_bias(be, pb.bias, yb);
     }
-    lora_forward(be, pa.p, h, ya);
-    lora_forward(be, pb.p, h, yb);
+    lora_forward(be, pa.p, rows, h, ya);
+    lora_forward(be, pb.p, rows, h, yb);
   }
 
   /// The gated MLP's forward from h2 (n, d): gate, up (n, f) = h Wg^T (+ bg), h Wu^T (+ bu), each
   /// with its adapter, then act (n, f) = the layer's activation of (gate, up).
-  void gated_mlp_forward(B& be, matrix_view<const T> h, buffer& gate, buffer& up,
-                         buffer& act) const {
+  void gated_mlp_forward(B& be, matrix_view<const T> h, const lora_rows& rows, buffer& gate,
+                         buffer& up, buffer& act) const {
     const index_t n = h.rows, f = cfg_.intermediate_size;
     gate = be.template allocate<T>(n * f);
     up = be.template allocate<T>(n * f);
     act = be.template allocate<T>(n * f);
-    project_pair(be, h, {ids_.gate_proj, ids_.gate_bias, projection::gate_proj},
+    project_pair(be, h, rows, {ids_.gate_proj, ids_.gate_bias, projection::gate_proj},
                  {ids_.up_proj, ids_.up_bias, projection::up_proj}, cfg_.mlp_bias, gate.view(n, f),
                  up.view(n, f));
     if constexpr (Layer::activation == glu_activation::gelu_tanh)
@@ -280,8 +286,8 @@ class streambp_layer : public ring_attention<streambp_layer<Layer, B>, B> {
   /// Its backward from dact (n, f), the gradient w.r.t. act (freed here with act, gate, up):
   /// dh (n, d) = dgate Wg + dup Wu (overwritten) and the adapters' part; with wg the gate and up
   /// weights' (and biases') gradients.
-  void gated_mlp_backward(B& be, matrix_view<const T> h, buffer& gate, buffer& up, buffer& act,
-                          buffer& dact, matrix_view<T> dh, bool wg) const {
+  void gated_mlp_backward(B& be, matrix_view<const T> h, const lora_rows& rows, buffer& gate,
+                          buffer& up, buffer& act, buffer& dact, matrix_view<T> dh, bool wg) const {
     const index_t n = h.rows, f = cfg_.intermediate_size;
     act.reset();
     buffer dgate = be.template allocate<T>(n * f);  // (n, f)
@@ -303,8 +309,8 @@ class streambp_layer : public ring_attention<streambp_layer<Layer, B>, B> {
       add_bias_grad(be, ids_.gate_bias, dgate.view(n, f));
     if (cfg_.mlp_bias && w_.wants(ids_.up_bias, wg))
       add_bias_grad(be, ids_.up_bias, dup.view(n, f));
-    lora_backward(be, projection::gate_proj, h, dgate.view(n, f), dh, wg);
-    lora_backward(be, projection::up_proj, h, dup.view(n, f), dh, wg);
+    lora_backward(be, projection::gate_proj, rows, h, dgate.view(n, f), dh, wg);
+    lora_backward(be, projection::up_proj, rows, h, dup.view(n, f), dh, wg);
   }
 
   void check_rows(const char* where, const sequence_batch& seq, matrix_view<const T> in,
@@ -334,7 +340,7 @@ class streambp_layer : public ring_attention<streambp_layer<Layer, B>, B> {
       be.copy(a.x2.view(n, d), yv);
       w_.linear(be, ids_.down_proj, a.act.view(n, f), yv, A(1));
       if (cfg_.mlp_bias) add_bias(be, ids_.down_bias, yv);
-      lora_forward(be, projection::down_proj, a.act.view(n, f), yv);
+      lora_forward(be, projection::down_proj, rows_of(a), a.act.view(n, f), yv);
       scatter_x(be, seq, c0, c1, matrix_view<const T>(yv), y);
     }
   }
@@ -348,7 +354,7 @@ class streambp_layer : public ring_attention<streambp_layer<Layer, B>, B> {
     if constexpr (Layer::post_norms) {  // x2 = x + N(o Wo^T; attn_out_norm)
       a.ao = be.template allocate<T>(n * d);
       w_.linear(be, ids_.o_proj, a.o.view(n, qw), a.ao.view(n, d), A(0));
-      lora_forward(be, projection::o_proj, a.o.view(n, qw), a.ao.view(n, d));
+      lora_forward(be, projection::o_proj, rows_of(a), a.o.view(n, qw), a.ao.view(n, d));
       a.x2 = be.template allocate<T>(n * d);
       a.rstd_a = be.template allocate<A>(n);
       be.rmsnorm_forward(a.ao.view(n, d), norm(ids_.attn_out_norm), eps, a.x2.view(n, d),
@@ -359,18 +365,18 @@ class streambp_layer : public ring_attention<streambp_layer<Layer, B>, B> {
       be.copy(a.xv, a.x2.view(n, d));
       w_.linear(be, ids_.o_proj, a.o.view(n, qw), a.x2.view(n, d), A(1));
       if (cfg_.o_bias) add_bias(be, ids_.o_bias, a.x2.view(n, d));
-      lora_forward(be, projection::o_proj, a.o.view(n, qw), a.x2.view(n, d));
+      lora_forward(be, projection::o_proj, rows_of(a), a.o.view(n, qw), a.x2.view(n, d));
     }
     // MLP input
     a.h2 = be.template allocate<T>(n * d);
     a.rstd2 = be.template allocate<A>(n);
     be.rmsnorm_forward(a.x2.view(n, d), norm(ids_.mlp_norm), eps, a.h2.view(n, d), a.rstd2.span());
-    gated_mlp_forward(be, a.h2.view(n, d), a.gate, a.up, a.act);
+    gated_mlp_forward(be, a.h2.view(n, d), rows_of(a), a.gate, a.up, a.act);
     if constexpr (Layer::post_norms) {  // y = x2 + N(act Wd^T; mlp_out_norm)
       a.m = be.template allocate<T>(n * d);
       a.rstd_m = be.template allocate<A>(n);
       w_.linear(be, ids_.down_proj, a.act.view(n, f), a.m.view(n, d), A(0));
-      lora_forward(be, projection::down_proj, a.act.view(n, f), a.m.view(n, d));
+      lora_forward(be, projection::down_proj, rows_of(a), a.act.view(n, f), a.m.view(n, d));
       a.y = be.template allocate<T>(n * d);
       be.rmsnorm_forward(a.m.view(n, d), norm(ids_.mlp_out_norm), eps, a.y.view(n, d),
                          a.rstd_m.span());
@@ -400,7 +406,8 @@ class streambp_layer : public ring_attention<streambp_layer<Layer, B>, B> {
         } else {  // y = x2 + act Wd^T + bd
           down_proj_backward(be, a, dx2.view(n, d), dact.view(n, f), wg);
         }
-        gated_mlp_backward(be, a.h2.view(n, d), a.gate, a.up, a.act, dact, dh2.view(n, d), wg);
+        gated_mlp_backward(be, a.h2.view(n, d), rows_of(a), a.gate, a.up, a.act, dact,
+                           dh2.view(n, d), wg);
       }
       be.rmsnorm_backward(a.x2.view(n, d), norm(ids_.mlp_norm), a.rstd2.span(), dh2.view(n, d),
                           dx2.view(n, d), w_.grad_vec(ids_.mlp_norm, wg));
@@ -418,7 +425,7 @@ class streambp_layer : public ring_attention<streambp_layer<Layer, B>, B> {
     w_.linear_input_grad(be, ids_.down_proj, dm, dact, A(0));
     w_.linear_weight_grad(be, ids_.down_proj, dm, act, wg);
     if (cfg_.mlp_bias && w_.wants(ids_.down_bias, wg)) add_bias_grad(be, ids_.down_bias, dm);
-    lora_backward(be, projection::down_proj, act, dm, dact, wg);
+    lora_backward(be, projection::down_proj, rows_of(a), act, dm, dact, wg);
   }
 
   /// dout (n, H*hd) from dx2 through P_attn(o Wo^T + bo): the o projection's gradients (and its
@@ -433,12 +440,12 @@ class streambp_layer : public ring_attention<streambp_layer<Layer, B>, B> {
       a.ao.reset();
       w_.linear_input_grad(be, ids_.o_proj, dao.view(n, d), dout, A(0));
       w_.linear_weight_grad(be, ids_.o_proj, dao.view(n, d), o, wg);
-      lora_backward(be, projection::o_proj, o, dao.view(n, d), dout, wg);
+      lora_backward(be, projection::o_proj, rows_of(a), o, dao.view(n, d), dout, wg);
     } else {
       w_.linear_input_grad(be, ids_.o_proj, dx2, dout, A(0));
       w_.linear_weight_grad(be, ids_.o_proj, dx2, o, wg);
       if (cfg_.o_bias && w_.wants(ids_.o_bias, wg)) add_bias_grad(be, ids_.o_bias, dx2);
-      lora_backward(be, projection::o_proj, o, dx2, dout, wg);
+      lora_backward(be, projection::o_proj, rows_of(a), o, dx2, dout, wg);
     }
   }
 
@@ -460,6 +467,7 @@ class streambp_layer : public ring_attention<streambp_layer<Layer, B>, B> {
     a.c0 = c0;
     a.c1 = c1;
     a.n = (c1 - c0) * seq.batch;
+    a.first_row = seq.first_row;
     const index_t d = cfg_.hidden_size;
     if (this->whole_rows(seq, c0, c1)) {
       a.xv = x;
@@ -482,7 +490,7 @@ class streambp_layer : public ring_attention<streambp_layer<Layer, B>, B> {
     const index_t n = a.n, d = cfg_.hidden_size, kvw = cfg_.kv_width();
     buffer k_c = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
     buffer v_c = be.template allocate<T>(n * kvw);  // (n, Hkv*hd)
-    project_pair(be, a.h1.view(n, d), {ids_.k_proj, ids_.k_bias, projection::k_proj},
+    project_pair(be, a.h1.view(n, d), rows_of(a), {ids_.k_proj, ids_.k_bias, projection::k_proj},
                  {ids_.v_proj, ids_.v_bias, projection::v_proj}, cfg_.qkv_bias, k_c.view(n, kvw),
                  v_c.view(n, kvw));
     detail::store_kv(be, seq, cfg_, pos_, norm(ids_.k_norm), std::move(k_c), std::move(v_c), c0, c1,
@@ -500,11 +508,11 @@ class streambp_layer : public ring_attention<streambp_layer<Layer, B>, B> {
       a.rstd_q = be.template allocate<A>(n * h);
       w_.linear(be, ids_.q_proj, h1, a.q_raw.view(n, qw), A(0));
       if (cfg_.qkv_bias) add_bias(be, ids_.q_bias, a.q_raw.view(n, qw));
-      lora_forward(be, projection::q_proj, h1, a.q_raw.view(n, qw));
+      lora_forward(be, projection::q_proj, rows_of(a), h1, a.q_raw.view(n, qw));
     } else {
       w_.linear(be, ids_.q_proj, h1, a.q.view(n, qw), A(0));
       if (cfg_.qkv_bias) add_bias(be, ids_.q_bias, a.q.view(n, qw));
-      lora_forward(be, projection::q_proj, h1, a.q.view(n, qw));
+      lora_forward(be, projection::q_proj, rows_of(a), h1, a.q.view(n, qw));
     }
     detail::finish_q(be, seq, cfg_, pos_, norm(ids_.q_norm), a.q_raw, a.rstd_q, a.q, c0, c1);
   }
@@ -558,15 +566,16 @@ class streambp_layer : public ring_attention<streambp_layer<Layer, B>, B> {
     // k, v rows of this chunk are complete now (later chunks were done first)
     auto [dk, dv] = kv_rows_backward(be, seq, c0, c1, h1, wg);
     // dh1 is needed for dx, or for the input norm's weight gradient
+    const lora_rows rows = rows_of(a);
     if (!needs_dh1(mode)) {  // the adapters' gradients only
-      lora_backward(be, projection::q_proj, h1, dq.view(n, qw), {}, wg);
-      kv_lora_backward(be, h1, dk.view(n, kvw), dv.view(n, kvw), {}, wg);
+      lora_backward(be, projection::q_proj, rows, h1, dq.view(n, qw), {}, wg);
+      kv_lora_backward(be, h1, rows, dk.view(n, kvw), dv.view(n, kvw), {}, wg);
       return;
     }
     // dh1 = dq Wq + dk Wk + dv Wv; dx = dx2 + RMSNorm backward
     buffer dh1 = be.template allocate<T>(n * d);  // (n, d)
-    q_input_backward(be, h1, dq, dh1.view(n, d), wg);
-    kv_input_backward(be, h1, dk.view(n, kvw), dv.view(n, kvw), dh1.view(n, d), wg);
+    q_input_backward(be, h1, rows, dq, dh1.view(n, d), wg);
+    kv_input_backward(be, h1, rows, dk.view(n, kvw), dv.view(n, kvw), dh1.view(n, d), wg);
     input_norm_grad(be, a, matrix_view<const T>(dh1.view(n, d)), dx2.view(n, d), wg);
     if (mode.input_grad) scatter_x(be, seq, c0, c1, matrix_view<const T>(dx2.view(n, d)), dx);
   }
@@ -585,34 +594,37 @@ class streambp_layer : public ring_attention<streambp_layer<Layer, B>, B> {
   }
   /// The q weights' (and bias') gradients from dq; false when dh1 is not needed (then the q
   /// adapter's gradients were accumulated here and nothing else remains).
-  bool q_weight_backward(B& be, matrix_view<const T> h1, const buffer& dq, layer_grad_mode mode) {
+  bool q_weight_backward(B& be, matrix_view<const T> h1, const lora_rows& rows, const buffer& dq,
+                         layer_grad_mode mode) {
     const index_t n = h1.rows, qw = cfg_.q_width();
     const bool wg = mode.weight_grads;
     w_.linear_weight_grad(be, ids_.q_proj, dq.view(n, qw), h1, wg);
     if (cfg_.qkv_bias && w_.wants(ids_.q_bias, wg)) add_bias_grad(be, ids_.q_bias, dq.view(n, qw));
     if (needs_dh1(mode)) return true;
-    lora_backward(be, projection::q_proj, h1, dq.view(n, qw), {}, wg);
+    lora_backward(be, projection::q_proj, rows, h1, dq.view(n, qw), {}, wg);
     return false;
   }
   /// dh1 (n, d) = dq Wq and the q adapter's part.
-  void q_input_backward(B& be, matrix_view<const T> h1, const buffer& dq, matrix_view<T> dh1,
-                        bool wg) const {
+  void q_input_backward(B& be, matrix_view<const T> h1, const lora_rows& rows, const buffer& dq,
+                        matrix_view<T> dh1, bool wg) const {
     const index_t n = h1.rows, qw = cfg_.q_width();
     w_.linear_input_grad(be, ids_.q_proj, dq.view(n, qw), dh1, A(0));
-    lora_backward(be, projection::q_proj, h1, dq.view(n, qw), dh1, wg);
+    lora_backward(be, projection::q_proj, rows, h1, dq.view(n, qw), dh1, wg);
   }
   /// dh1 (n, d) += dk Wk + dv Wv and the K/V adapters' part (dk, dv: (n, Hkv*hd)).
-  void kv_input_backward(B& be, matrix_view<const T> h1, matrix_view<const T> dk,
-                         matrix_view<const T> dv, matrix_view<T> dh1, bool wg) const {
+  void kv_input_backward(B& be, matrix_view<const T> h1, const lora_rows& rows,
+                         matrix_view<const T> dk, matrix_view<const T> dv, matrix_view<T> dh1,
+                         bool wg) const {
     w_.linear_input_grad(be, ids_.k_proj, dk, dh1, A(1));
     w_.linear_input_grad(be, ids_.v_proj, dv, dh1, A(1));
-    kv_lora_backward(be, h1, dk, dv, dh1, wg);
+    kv_lora_backward(be, h1, rows, dk, dv, dh1, wg);
   }
   /// The K and V adapters' backward (dh1 may be empty: their gradients only).
-  void kv_lora_backward(B& be, matrix_view<const T> h1, matrix_view<const T> dk,
-                        matrix_view<const T> dv, matrix_view<T> dh1, bool wg) const {
-    lora_backward(be, projection::k_proj, h1, dk, dh1, wg);
-    lora_backward(be, projection::v_proj, h1, dv, dh1, wg);
+  void kv_lora_backward(B& be, matrix_view<const T> h1, const lora_rows& rows,
+                        matrix_view<const T> dk, matrix_view<const T> dv, matrix_view<T> dh1,
+                        bool wg) const {
+    lora_backward(be, projection::k_proj, rows, h1, dk, dh1, wg);
+    lora_backward(be, projection::v_proj, rows, h1, dv, dh1, wg);
   }
   /// dx (n, d) += the input norm's backward of dh1 (n, d), and its weight's gradient when wg.
   void input_norm_grad(B& be, const acts& a, matrix_view<const T> dh1, matrix_view<T> dx,

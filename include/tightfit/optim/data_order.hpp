@@ -5,7 +5,7 @@
 // k in [s G, s G + G)), to a data row. With shuffle on, epoch e = k / N visits the data set's
 // units (a unit: `unit` consecutive rows that stay together and in order, e.g. the chosen and
 // the rejected row of a DPO pair) in a permutation drawn from (seed, e) by an explicit
-// Fisher-Yates over splitmix64 (Steele, Lea and Flood 2014) draws: std::shuffle's use of an
+// Fisher-Yates over splitmix64 (core/splitmix.hpp) draws: std::shuffle's use of an
 // engine is unspecified, this one gives the same rows in the same order on every machine, and
 // after a resume, since the order is a function of k alone.
 // Invariants: each epoch visits every row exactly once; the rows of a unit stay adjacent and in
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "tightfit/core/error.hpp"
+#include "tightfit/core/splitmix.hpp"
 #include "tightfit/core/types.hpp"
 
 namespace tightfit {
@@ -28,14 +29,6 @@ struct row_order_options {
   std::uint64_t seed = 0;  ///< the shuffle's seed
   index_t unit = 1;        ///< rows that stay together (2: DPO's chosen and rejected row)
 };
-
-/// splitmix64: one step of the 64-bit mixing generator (the shuffle's draws).
-inline std::uint64_t splitmix64(std::uint64_t& state) {
-  std::uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
 
 /// The units 0..units-1 in the seeded order of epoch `epoch` (Fisher-Yates over splitmix64
 /// draws; the modulo bias is below 2^-40 for fewer than 2^24 units).

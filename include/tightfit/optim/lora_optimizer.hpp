@@ -8,8 +8,11 @@
 // accumulate the adapters' gradients only, exactly
 //     dB = s dW A^T,   dA = s B^T dW   (dW: the gradient of the merged weight W0 + s B A),
 // computed without forming dW (nn/adapters.hpp). Backprop stops below the lowest adapted
-// layer. Memory: the adapters, their gradients and the rule's state (Adam: 2x) beside the frozen
-// model; no gradient of the model is ever allocated.
+// layer. The step's gradient computation is a training pass (lora_training_pass): with dropout,
+// the adapters' inputs are dropped by masks keyed by the step count (the number of steps done
+// before it) and the rows' place in the run (token_batch::first_row, set by train()), so a
+// resumed run draws the masks the uninterrupted one drew. Memory: the adapters, their gradients and
+// the rule's state (Adam: 2x) beside the frozen model; no gradient of the model is ever allocated.
 //
 // Interface of train() (optim/train.hpp): step, set_lr_factor, lr_factor, steps, state_bytes,
 // save / load (optim/checkpoint.hpp: the adapters and the rule's moments). Gradient accumulation
@@ -94,7 +97,11 @@ class lora_optimizer {
       ap.backend().fill(as_row(ap.grad(id)), T(0));
     }
     step_result res;
-    res.backward = gradients(adapters_->model(), batch, objective, lora_backward_options(base));
+    {  // dropout (nn/lora_dropout.hpp) in this step's passes only, masks keyed by the step count
+      lora_training_pass<lora_adapters<M>> pass(*adapters_,
+                                                static_cast<std::uint64_t>(state_.steps()));
+      res.backward = gradients(adapters_->model(), batch, objective, lora_backward_options(base));
+    }
     res.loss = res.backward.loss;
     res.block = 0;
     if (max_grad_norm_ > 0)

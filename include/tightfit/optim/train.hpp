@@ -115,7 +115,8 @@ struct dataset_batch {
   std::vector<index_t> positions;      // (B*T) packed rows, or empty
   std::vector<index_t> rows;           // (B) the data set's row of each batch row
   index_t batch = 1, seq_len = 0;
-  token_batch view() const { return {batch, seq_len, ids, targets, {}, positions}; }
+  std::int64_t first = 0;  ///< the run's index of row 0 (token_batch::first_row)
+  token_batch view() const { return {batch, seq_len, ids, targets, {}, positions, first}; }
 };
 
 /// The run's rows [first, first + B), each mapped to a data row by `order`.
@@ -124,6 +125,7 @@ inline dataset_batch make_batch(const token_dataset& data, std::int64_t first, i
   dataset_batch b;
   b.batch = batch;
   b.seq_len = data.seq_len();
+  b.first = first;
   std::vector<token_id> labels;
   const auto t = static_cast<std::size_t>(data.seq_len());
   for (index_t k = 0; k < batch; ++k) {

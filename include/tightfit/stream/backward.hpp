@@ -32,6 +32,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -120,6 +121,8 @@ struct token_batch {
   /// layout, see sequence_batch); empty: one document per row. A document attends only to
   /// itself, and the target of its last position (the next document's first token) never counts.
   std::span<const index_t> position_ids{};
+  /// The run's index of row 0 (sequence_batch::first_row: LoRA dropout's masks); train() sets it.
+  std::int64_t first_row = 0;
 };
 
 /// Hugging Face labels (unshifted: labels[t] is the token at t, predicted from t-1) to targets
@@ -162,7 +165,8 @@ namespace detail {
 
 template <DecoderModel M>
 void validate_batch(const M& model, const token_batch& batch) {
-  const sequence_batch seq{batch.batch, batch.seq_len, batch.lengths, batch.position_ids};
+  const sequence_batch seq{batch.batch, batch.seq_len, batch.lengths, batch.position_ids,
+                           batch.first_row};
   seq.validate();
   const index_t rows = seq.rows(), v = model.config().vocab_size;
   check_extent("compute_gradients", "input_ids.size", static_cast<index_t>(batch.input_ids.size()),
@@ -243,7 +247,8 @@ backward_result run_backward(M& model, const token_batch& batch, const backward_
   check(opt.layer_weight_grads.empty() || static_cast<index_t>(opt.layer_weight_grads.size()) == nl,
         "compute_gradients: layer_weight_grads has ", opt.layer_weight_grads.size(),
         " entries, expected ", nl, " (one per layer) or none");
-  const sequence_batch seq{batch.batch, batch.seq_len, batch.lengths, batch.position_ids};
+  const sequence_batch seq{batch.batch, batch.seq_len, batch.lengths, batch.position_ids,
+                           batch.first_row};
   const index_t t = seq.seq_len, rows = pass.rows();
 
   // Which layers need weight gradients, and how far down backprop must go.

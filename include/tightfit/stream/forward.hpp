@@ -32,7 +32,8 @@ std::vector<double> model_logprobs(M& model, const token_batch& batch,
   check(opt.chunk >= 1, "model_logprobs: chunk is ", opt.chunk, ", expected >= 1");
   B& be = model.backend();
   const auto& cfg = model.config();
-  const sequence_batch seq{batch.batch, batch.seq_len, batch.lengths, batch.position_ids};
+  const sequence_batch seq{batch.batch, batch.seq_len, batch.lengths, batch.position_ids,
+                           batch.first_row};
   const index_t rows = seq.rows(), d = cfg.hidden_size;
   auto x = be.template allocate<T>(rows * d);  // (B*T, d)
   be.embedding_forward(
