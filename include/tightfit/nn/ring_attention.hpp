@@ -31,6 +31,7 @@
 #include "tightfit/core/error.hpp"
 #include "tightfit/nn/detail/layer_parts.hpp"
 #include "tightfit/nn/layer.hpp"
+#include "tightfit/nn/lora_dropout.hpp"
 #include "tightfit/nn/sequence_shard.hpp"
 
 namespace tightfit {
