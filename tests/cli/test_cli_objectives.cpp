@@ -71,6 +71,14 @@ struct objectives_fixture : cli_testing::model_fixture {
     w.write(path);
     return path;
   }
+  /// `batch` with the fixture's model's reference log-probs (tightfit logprobs, f64) as `name`.
+  fs::path with_references(const fs::path& batch, const std::string& name) const {
+    const auto out = dir / name;
+    const auto r = run("logprobs --model " + q(model) + " --batch " + q(batch) + " --out " +
+                       q(out) + " --dtype f64 --chunk 4");
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+    return out;
+  }
   /// The parameter names of the fixture's model, in parameter order.
   std::vector<std::string> names() const {
     reference_backend<double> be;
@@ -141,13 +149,10 @@ std::vector<double> row_sums(const fs::path& file, index_t rows) {
 TEST_CASE("train --objective dpo: step one is grad's, the references are logprobs', loss falls") {
   objectives_fixture f;
   const auto data = f.dpo(3, "dpo.safetensors");
-  const auto with_ref = f.dir / "dpo_ref.safetensors";
-  auto r = run("logprobs --model " + q(f.model) + " --batch " + q(data) + " --out " + q(with_ref) +
-               " --dtype f64 --chunk 4");
-  REQUIRE_MESSAGE(r.code == 0, r.err);
+  const auto with_ref = f.with_references(data, "dpo_ref.safetensors");
   const auto grads = f.dir / "dpo_grads.safetensors";
-  r = run("grad --model " + q(f.model) + " --batch " + q(with_ref) +
-          " --objective dpo --beta 0.2 --dtype f64 --chunk 4 --out " + q(grads));
+  auto r = run("grad --model " + q(f.model) + " --batch " + q(with_ref) +
+               " --objective dpo --beta 0.2 --dtype f64 --chunk 4 --out " + q(grads));
   REQUIRE_MESSAGE(r.code == 0, r.err);
   const double grad_loss = nlohmann::json::parse(r.out)["loss"].get<double>();
 
@@ -181,10 +186,8 @@ TEST_CASE("train --objective dpo: step one is grad's, the references are logprob
 TEST_CASE("eval --objective dpo and train --eval-data: grad's loss, TRL's reward metrics") {
   objectives_fixture f;
   const auto data = f.dpo(3, "dpo.safetensors");
-  const auto with_ref = f.dir / "dpo_ref.safetensors";
-  auto r = run("logprobs --model " + q(f.model) + " --batch " + q(data) + " --out " + q(with_ref) +
-               " --dtype f64 --chunk 4");
-  REQUIRE_MESSAGE(r.code == 0, r.err);
+  const auto with_ref = f.with_references(data, "dpo_ref.safetensors");
+  cli_testing::outcome r;
   // train a little, evaluating the pairs every 2 steps: references from the file and computed by
   // the tool (the model as loaded) give the same evaluations
   const auto trained = f.dir / "dpo-evaluated";

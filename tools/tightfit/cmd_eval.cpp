@@ -58,78 +58,46 @@ const command_spec& eval_command() {
 
 namespace {
 
-/// --model's weights into `model`, checked.
-template <class M>
-void load_checked(M& model, const arguments& a) {
-  load_hf_weights(a.get("--model"), model.parameters());
-  check_finite_weights(model.parameters(), a.get("--model"));
-}
-
-/// eval --objective dpo: the pairs of --data with their reference sums.
+/// The evaluation of `a` on the config's model: --data read for the objective (sft: a token
+/// data set; dpo: pairs with their reference sums), sizes checked, the model loaded, one JSON line.
 template <class T, template <class> class Layer>
-int run_dpo_eval(const arguments& a, const model_config& cfg) {
+int run_eval(const arguments& a, const model_config& cfg) {
+  using backend = eigen_backend<T>;
   const std::filesystem::path model_dir = a.get("--model");
   check_model_fits(cfg, sizeof(T), 1, &model_dir);  // weights only
-  const std::string path = a.get("--data");
-  training_data pairs = read_training_data(path, "dpo", a, {});
-  pairs.rows.validate(cfg.vocab_size);
-  const dpo_options opt = dpo_options_from(a);
-  check(!needs_references(pairs, a), path, ": --loss-type ", a.get("--loss-type", "sigmoid"),
+  const std::string path = a.get("--data"), objective = a.get("--objective");
+  const training_data data = read_training_data(path, objective, a, {});
+  data.rows.validate(cfg.vocab_size);
+  check(!needs_references(data, a), path, ": --loss-type ", a.get("--loss-type", "sigmoid"),
         " needs the reference sums ref_chosen_logps and ref_rejected_logps; ",
         "add them with tightfit logprobs --model REFERENCE (simpo and orpo need none)");
   forward_options fo;
   fo.chunk = a.integer("--chunk", 1, max_count);
-  const index_t per_pass = a.integer("--batch", 1, max_count);
+  const index_t per_pass = a.integer("--batch", 1, max_count);  // rows, dpo: pairs
   backward_options bo;  // the backward's bound is an upper bound of the forward's
   bo.sched = backward_schedule::stream;
   bo.chunk = fo.chunk;
   check_activations_fit<T>("--batch " + std::to_string(per_pass), true, cfg,
-                           2 * std::min(per_pass, pairs.rows.rows() / 2), pairs.rows.seq_len(), bo);
-  eigen_backend<T> be;
-  decoder_model<eigen_backend<T>, Layer<eigen_backend<T>>> model(be, cfg);
-  load_checked(model, a);
-  layer_progress progress("eval", cfg.num_hidden_layers);
-  fo.between_layers = [&progress] { progress(); };
-  const dpo_eval_result r = evaluate_dpo(model, pairs, per_pass, fo, opt);
-  nlohmann::ordered_json out;
-  for (const auto& [name, v] : dpo_eval_fields(r, "")) out[name] = v;
-  out["dtype"] = sizeof(T) == 8 ? "f64" : "f32";
-  std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-  return 0;
-}
-
-template <class T, template <class> class Layer>
-int run_eval(const arguments& a, const model_config& cfg) {
-  if (a.get("--objective") == "dpo") return run_dpo_eval<T, Layer>(a, cfg);
-  using backend = eigen_backend<T>;
-  const std::filesystem::path model_dir = a.get("--model");
-  check_model_fits(cfg, sizeof(T), 1, &model_dir);  // weights only
-  const std::string path = a.get("--data");
-  check_token_table_fits(path);
-  auto table = read_token_table(path);
-  const token_dataset data(table.rows, table.seq_len, std::move(table.input_ids),
-                           std::move(table.labels), std::move(table.position_ids));
-  data.validate(cfg.vocab_size);
-  forward_options fo;
-  fo.chunk = a.integer("--chunk", 1, max_count);
-  const index_t rows = a.integer("--batch", 1, max_count);
-  backward_options bo;  // the backward's bound is an upper bound of the forward's
-  bo.sched = backward_schedule::stream;
-  bo.chunk = fo.chunk;
-  check_activations_fit<T>("--batch " + std::to_string(rows), true, cfg,
-                           std::min(rows, data.rows()), data.seq_len(), bo);
+                           std::min(per_pass * data.unit(), data.rows.rows()), data.rows.seq_len(),
+                           bo);
   backend be;
   decoder_model<backend, Layer<backend>> model(be, cfg);
-  load_checked(model, a);
+  load_hf_weights(model_dir, model.parameters());
+  check_finite_weights(model.parameters(), model_dir.string());
   layer_progress progress("eval", cfg.num_hidden_layers);
   fo.between_layers = [&progress] { progress(); };
-  const eval_result r = evaluate(model, data, rows, fo);
-  nlohmann::json out;
-  out["loss"] = r.loss;
-  out["perplexity"] = r.perplexity;
-  out["tokens"] = r.tokens;
-  out["rows"] = data.rows();
-  out["seconds"] = r.seconds;
+  nlohmann::ordered_json out;
+  if (objective == "dpo") {
+    const dpo_eval_result r = evaluate_dpo(model, data, per_pass, fo, dpo_options_from(a));
+    for (const auto& [name, v] : dpo_eval_fields(r, "")) out[name] = v;
+  } else {
+    const eval_result r = evaluate(model, data.rows, per_pass, fo);
+    out["loss"] = r.loss;
+    out["perplexity"] = r.perplexity;
+    out["tokens"] = r.tokens;
+    out["rows"] = data.rows.rows();
+    out["seconds"] = r.seconds;
+  }
   out["dtype"] = sizeof(T) == 8 ? "f64" : "f32";
   std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   return 0;
