@@ -208,6 +208,7 @@ const command_spec& measure_command() {
          "100000000"},
     };
     c.notes =
+        "CLOUD: a PLY (ascii or binary little-endian, float/double x y z) or XYZ/CSV file.\n"
         "Prints length x width x height in mm (L >= W >= H) with 95 % intervals and a status.\n"
         "Exit 0 ok, 1 bad input, 2 bad arguments, 3 a measurement is not trustworthy.\n";
     return c;
